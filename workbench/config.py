@@ -1,0 +1,218 @@
+"""Validated settings shared by the whole workbench.
+
+Every knob a user can turn lives in one of these slots dataclasses, and each checks itself in
+``__post_init__``: a bad value raises ``ValueError`` naming the value and the allowed range, so a mistake in
+a notebook cell fails at the line that made it instead of deep inside the engine.
+
+``ModelSpec`` is the architecture of a Llama-family model as read from a Hugging Face ``config.json``. Sizing
+code (KV bytes per token, block counts) works from a ``ModelSpec`` alone, without building any weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# Model families whose checkpoints this forward pass reads. They differ only in which projections carry a
+# bias and whether attention uses a sliding window; everything else is the Llama block.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(slots=True, frozen=True)
+class ModelSpec:
+    """Architecture of a Llama-family decoder, enough to size its KV cache or build it with random weights."""
+
+    name: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    sliding_window: int | None = None
+    model_type: str = "llama"
+    checkpoint_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, f"{name} must be a positive integer, got {value!r}")
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"num_attention_heads ({self.num_heads}) must be a multiple of num_key_value_heads "
+                 f"({self.num_kv_heads})")
+        _require(self.head_dim % 2 == 0, f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        _require(self.rms_norm_eps > 0, f"rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        _require(self.rope_theta > 0, f"rope_theta must be > 0, got {self.rope_theta}")
+        _require(self.model_type in SUPPORTED_MODEL_TYPES,
+                 f"model_type {self.model_type!r} is not supported; choose one of {SUPPORTED_MODEL_TYPES}")
+        if self.sliding_window is not None:
+            _require(self.sliding_window >= 1, f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+
+    # ----------------------------------------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any], name: str | None = None) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` dictionary (Llama, Mistral or Qwen2)."""
+        model_type = config.get("model_type", "llama")
+        _require(model_type in SUPPORTED_MODEL_TYPES,
+                 f"model_type {model_type!r} is not supported; choose one of {SUPPORTED_MODEL_TYPES}")
+        rope_scaling = config.get("rope_scaling")
+        rope_params = config.get("rope_parameters") or {}
+        rope_type = (rope_scaling or {}).get("rope_type") or rope_params.get("rope_type") or "default"
+        _require(rope_type == "default",
+                 f"rope type {rope_type!r} is not supported by this forward pass; only 'default' RoPE is")
+        num_heads = config["num_attention_heads"]
+        sliding = config.get("sliding_window")
+        if model_type == "qwen2" and not config.get("use_sliding_window", False):
+            sliding = None
+        attention_bias = bool(config.get("attention_bias", False))
+        return cls(
+            name=name or config.get("_name_or_path") or model_type,
+            vocab_size=config["vocab_size"],
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+            max_position_embeddings=config["max_position_embeddings"],
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(config.get("rope_theta") or rope_params.get("rope_theta") or 10000.0),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            # Qwen2 always biases q/k/v and never o; Llama's attention_bias covers all four projections.
+            qkv_bias=attention_bias or model_type == "qwen2",
+            o_bias=attention_bias and model_type != "qwen2",
+            sliding_window=sliding,
+            model_type=model_type,
+            checkpoint_dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path, name: str | None = None) -> ModelSpec:
+        path = Path(path)
+        return cls.from_hf_config(json.loads(path.read_text()), name=name or path.stem)
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """A ``config.json`` dictionary transformers accepts for the same architecture."""
+        config: dict[str, Any] = {
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+        }
+        if self.model_type == "llama":
+            config["attention_bias"] = self.qkv_bias
+        if self.sliding_window is not None:
+            config["sliding_window"] = self.sliding_window
+            config["use_sliding_window"] = True
+        return config
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        """A copy with some fields changed (validated again), e.g. fewer layers for a timing run."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return ModelSpec(**values)
+
+    # ----------------------------------------------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """Query heads sharing one KV head (1 = multi-head, num_heads = multi-query)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def attention_kind(self) -> str:
+        if self.num_kv_heads == self.num_heads:
+            return "MHA"
+        return "MQA" if self.num_kv_heads == 1 else "GQA"
+
+    @property
+    def max_context(self) -> int:
+        """Longest context this engine serves: the position limit, and the window for sliding-window models.
+
+        The engine keeps every token's KV and attends over all of it, which is only the model's own
+        attention while the context fits inside its window."""
+        if self.sliding_window is None:
+            return self.max_position_embeddings
+        return min(self.max_position_embeddings, self.sliding_window)
+
+    def num_parameters(self) -> int:
+        """Parameter count computed from the shapes (embedding counted once when tied)."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attention = h * (q + 2 * kv) + q * h
+        if self.qkv_bias:
+            attention += q + 2 * kv
+        if self.o_bias:
+            attention += h
+        mlp = 3 * h * self.intermediate_size
+        per_layer = attention + mlp + 2 * h
+        embed = self.vocab_size * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_layers * per_layer + embed + head + h
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """How to pick each next token, and when to stop.
+
+    ``temperature == 0`` is greedy decoding. ``top_k == 0`` and ``top_p == 1`` switch those filters off.
+    With a ``seed`` the draws are reproducible per request, whatever else shares the batch.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+                 f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _require(isinstance(self.temperature, int | float) and math.isfinite(self.temperature)
+                 and self.temperature >= 0,
+                 f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        _require(isinstance(self.top_k, int) and self.top_k >= 0,
+                 f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        _require(isinstance(self.top_p, int | float) and 0 < self.top_p <= 1,
+                 f"top_p must be in (0, 1], got {self.top_p!r}")
+        _require(self.seed is None or isinstance(self.seed, int),
+                 f"seed must be an integer or None, got {self.seed!r}")
+        _require(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        _require(all(isinstance(s, str) and s for s in stop), f"stop must be non-empty strings, got {stop!r}")
+        object.__setattr__(self, "stop", stop)
+        ids = tuple(self.stop_token_ids)
+        _require(all(isinstance(t, int) and t >= 0 for t in ids),
+                 f"stop_token_ids must be non-negative integers, got {ids!r}")
+        object.__setattr__(self, "stop_token_ids", ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
