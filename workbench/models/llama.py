@@ -1,0 +1,115 @@
+"""The workbench's own Llama-architecture forward pass.
+
+Written here rather than borrowed from transformers so that every step of inference is visible and
+replaceable: tokens of many sequences are processed as one flat batch, and attention is delegated to a backend
+(`workbench.models.attention`) that owns the KV cache. The same module serves the real SmolLM2 weights and
+random weights built from any config in ``datasets/configs``.
+
+Weights are stored fused where that saves kernel launches on the hot path: q, k and v projections form one
+matrix, and so do the MLP's gate and up projections (`workbench.models.weights` maps Hugging Face names).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.config import ModelSpec
+from workbench.models.attention import AttentionBackend
+from workbench.models.cpu_linear import Linear
+from workbench.models.rope import RotaryEmbedding, apply_rope
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, d
+        self.q_size, self.kv_size = spec.num_heads * d, spec.num_kv_heads * d
+        self.eps = spec.rms_norm_eps
+        self.input_norm = nn.Parameter(torch.ones(h))
+        self.qkv_proj = Linear(h, self.q_size + 2 * self.kv_size, bias=spec.qkv_bias)
+        self.o_proj = Linear(self.q_size, h, bias=spec.o_bias)
+        self.post_attention_norm = nn.Parameter(torch.ones(h))
+        self.gate_up_proj = Linear(h, 2 * spec.intermediate_size, bias=False)
+        self.down_proj = Linear(spec.intermediate_size, h, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer: int,
+                attention: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        h = F.rms_norm(x, (x.shape[-1],), self.input_norm, self.eps)
+        qkv = self.qkv_proj(h)
+        # Rotate q and k in one call: they are adjacent columns of the fused projection.
+        qk = apply_rope(qkv[:, : self.q_size + self.kv_size].view(t, -1, self.head_dim), cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        attn = attention(layer, q, k, v)
+        x = x + self.o_proj(attn.reshape(t, self.q_size))
+        h = F.rms_norm(x, (x.shape[-1],), self.post_attention_norm, self.eps)
+        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm and LM head over a flat batch of tokens."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = nn.Parameter(torch.ones(spec.hidden_size))
+        self.lm_head = Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        if spec.tie_word_embeddings:
+            del self.lm_head.weight
+            self.lm_head.weight = self.embed_tokens.weight  # tied: one tensor, two uses
+        self.rope = RotaryEmbedding(spec.head_dim, spec.rope_theta, min(spec.max_context, 4096))
+        self.attention_scale = spec.head_dim ** -0.5
+
+    # nn.Module.to() knows neither the rope tables (plain float32 tensors on purpose: they are not weights)
+    # nor the packed CPU weights (derived data), so moving the model refreshes both.
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        result = super()._apply(fn, recurse)
+        if self.spec.tie_word_embeddings:  # conversions may hand each module its own copy: tie again
+            self.lm_head.weight = self.embed_tokens.weight
+        self.rope.to(self.embed_tokens.weight.device)
+        if any(m.packed is not None for m in self.modules() if isinstance(m, Linear)):
+            self.prepare()
+        return result
+
+    def prepare(self, *, pack: bool = True) -> LlamaModel:
+        """Ready the weights for inference after loading or changing them: on the CPU, pack them for oneDNN
+        (`workbench.models.cpu_linear`); elsewhere, or with ``pack=False``, use plain ``F.linear``.
+
+        Both compute the same products in float32 with different summation orders; ``pack=False`` is the
+        plainest form of the forward pass, the one compared with transformers to 1e-4."""
+        pack = pack and self.device.type == "cpu"
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack() if pack else module.unpack()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                attention: AttentionBackend) -> torch.Tensor:
+        """input_ids, positions: [T] int64 (flat over sequences). Returns final hidden states [T, hidden]."""
+        if input_ids.shape != positions.shape or input_ids.dim() != 1:
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must "
+                             "be equal 1-D shapes (one row per token)")
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, i, attention)
+        return F.rms_norm(x, (x.shape[-1],), self.norm, self.spec.rms_norm_eps)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in float32 for the given hidden rows (only the rows that need a next token)."""
+        return self.lm_head(hidden).float()

