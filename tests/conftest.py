@@ -1,0 +1,35 @@
+"""Shared fixtures. The real model is loaded once per test session; if it is missing the tests fail (with
+the command that makes it) rather than skip, so a broken set-up can never pass as green."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import workbench
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    model, _ = workbench.load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return workbench.load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """transformers' LlamaForCausalLM on the same converted weights."""
+    return workbench.load_reference_model("smollm2-135m", dtype=torch.float32, device="cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
