@@ -1,0 +1,257 @@
+"""Prefill / chunked-prefill attention over the paged KV cache, for a variable-length batch in one launch.
+
+Why it exists: a prompt chunk attends to the sequence's whole cached prefix and causally within itself, and the
+chunks of many sequences (plus single-token rows, and later the speculative tokens being verified) arrive as one
+flat batch. Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - q_len_b + i``.
+
+The kernel packs (query token, query head of one GQA group) pairs into the rows of one tile, so every key tile is
+loaded once for all heads of its KV head. Its grid numbers query blocks as vLLM's Triton attention does: sequence
+``b``'s blocks start at ``query_start_loc[b] // BLOCK_Q + b``, an upper bound that needs no host sync; a binary
+search over ``query_start_loc`` maps a program back to its sequence.
+
+``paged_prefill_attention`` dispatches by device: CUDA tensors run the Triton kernel, CPU tensors the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._common import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    LOG2_E,
+    check_block_tables,
+    check_dim,
+    check_gqa,
+    check_launchable,
+    check_paged_cache,
+    check_scale,
+    check_tensor,
+    check_unit_last_stride,
+    dot_precision,
+    is_interpreted,
+    next_pow2_at_least,
+    output_tensor,
+    tl,
+    triton,
+)
+from ._paged_tiles import KV_FORMAT_NATIVE, _kv_tile_offsets, _load_kv_tile, _online_softmax_step
+from .paged_decode_attention import paged_decode_attention_reference
+
+# Rows (query token x query head pairs) and keys per program. Untuned (no GPU measurement yet): the usual
+# flash-attention starting point of 64 x 64 tiles with 4 warps.
+DEFAULT_BLOCK_M = 64
+DEFAULT_TILE = 64
+
+
+@triton.jit
+def _find_sequence(
+    query_start_loc_ptr,  # [num_seqs + 1] int32/int64
+    q_block,
+    num_seqs,
+    BLOCK_Q: tl.constexpr,
+):
+    """The last sequence whose first query block (numbered ``query_start_loc[b] // BLOCK_Q + b``) is <= q_block."""
+    lo: tl.int32 = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        first_block = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        if first_block <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+# num_seqs must stay a runtime value: Triton turns an integer argument equal to 1 into a constant, which would
+# change the binary search's loop-carried types.
+@triton.jit(do_not_specialize=["num_seqs"])
+def _paged_prefill_kernel(
+    out_ptr,  # [total_query_tokens, num_heads, head_dim]
+    query_ptr,  # [total_query_tokens, num_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32/int64
+    query_start_loc_ptr,  # [num_seqs + 1] int32/int64: cumulative query lengths
+    context_lens_ptr,  # [num_seqs] int32/int64: keys per sequence, this chunk included
+    num_seqs,
+    scale_log2,  # softmax scale * log2(e)
+    stride_qt, stride_qh,  # query: token, head
+    stride_ot, stride_oh,  # out: token, head
+    stride_bt,  # block_tables: sequence
+    stride_cb, stride_cs, stride_ch,  # both caches: block, slot in block, KV head
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,  # query heads per KV head
+    BLOCK_SIZE: tl.constexpr,  # cache block size
+    BLOCK_M: tl.constexpr,  # rows per program: BLOCK_Q query tokens x GROUP heads, padded to a power of two
+    BLOCK_Q: tl.constexpr,  # query tokens per program = BLOCK_M // GROUP
+    BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two >= 16
+    TILE: tl.constexpr,  # keys per iteration
+    KV_FORMAT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Program (query block, KV head): BLOCK_Q query tokens of one sequence x the GROUP heads of one KV head."""
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(query_start_loc_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    first_q = (q_block - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # within the sequence's chunk
+    if first_q >= q_len:  # a gap in the block numbering
+        return
+    prefix = tl.load(context_lens_ptr + seq) - q_len  # keys cached before this chunk
+
+    m = tl.arange(0, BLOCK_M)
+    d = tl.arange(0, BLOCK_D)
+    q_idx = first_q + m // GROUP
+    heads = kv_head * GROUP + m % GROUP
+    row_mask = (m < BLOCK_Q * GROUP) & (q_idx < q_len)
+    d_mask = d < HEAD_DIM
+    io_mask = row_mask[:, None] & d_mask[None, :]
+    rows = (q_start + q_idx).to(tl.int64)
+    q = tl.load(query_ptr + rows[:, None] * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=io_mask,
+                other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    positions = prefix + q_idx
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    end_key = prefix + tl.minimum(first_q + BLOCK_Q, q_len)  # one past the last key any row of the block sees
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for tile in range(0, tl.cdiv(end_key, TILE)):
+        tokens = tile * TILE + tl.arange(0, TILE)
+        t_mask = tokens < end_key
+        offsets = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
+        kv_mask = t_mask[:, None] & d_mask[None, :]
+        keys = _load_kv_tile(key_cache_ptr, offsets[:, None] + d[None, :], kv_mask, KV_FORMAT, DOT_IN_FP32)
+        values = _load_kv_tile(value_cache_ptr, offsets[:, None] + d[None, :], kv_mask, KV_FORMAT, DOT_IN_FP32)
+        scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
+        visible = (tokens[None, :] <= positions[:, None]) & t_mask[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_i, l_i, acc = _online_softmax_step(scores, values, m_i, l_i, acc, DOT_PRECISION)
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # l_i is 0 only in rows that are not stored
+    o_ptrs = out_ptr + rows[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale) -> float:
+    check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
+    check_unit_last_stride("query", query)
+    _, num_heads, head_dim = query.shape
+    check_paged_cache(key_cache, value_cache, num_kv_heads=None, head_dim=head_dim, dtype=query.dtype,
+                      device=query.device)
+    check_gqa(num_heads, key_cache.shape[2])
+    check_tensor("context_lens", context_lens, ndim=1, dtypes=INDEX_DTYPES, device=query.device)
+    num_seqs = context_lens.shape[0]
+    check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES, device=query.device)
+    check_dim("query_start_loc", query_start_loc, 0, num_seqs + 1, "len(context_lens) + 1")
+    check_block_tables(block_tables, num_seqs, query.device)
+    return check_scale(scale)
+
+
+def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                   block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                                   context_lens: torch.Tensor, scale: float, *, block_m: int = DEFAULT_BLOCK_M,
+                                   tile_size: int = DEFAULT_TILE, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton launcher of ``paged_prefill_attention``; ``block_m`` and ``tile_size`` are tuning knobs, ``out`` an
+    optional preallocated output.
+
+    ``query_start_loc[-1]`` must equal ``query.shape[0]``: it lives on the device, so it is not checked here."""
+    scale = _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale)
+    check_launchable(_paged_prefill_kernel, query.device)
+    for name, value in (("block_m", block_m), ("tile_size", tile_size)):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+    total_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    num_seqs = context_lens.shape[0]
+    out = output_tensor(out, (total_tokens, num_heads, head_dim), query.dtype, query.device)
+    if total_tokens == 0 or num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    block_m = max(block_m, next_pow2_at_least(group))
+    block_q = block_m // group
+    grid = (total_tokens // block_q + num_seqs, num_kv_heads)
+    _paged_prefill_kernel[grid](
+        out_ptr=out, query_ptr=query, key_cache_ptr=key_cache, value_cache_ptr=value_cache,
+        block_tables_ptr=block_tables, query_start_loc_ptr=query_start_loc, context_lens_ptr=context_lens,
+        num_seqs=num_seqs, scale_log2=scale * LOG2_E,
+        stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
+        stride_bt=block_tables.stride(0),
+        stride_cb=key_cache.stride(0), stride_cs=key_cache.stride(1), stride_ch=key_cache.stride(2),
+        HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
+        BLOCK_D=next_pow2_at_least(head_dim), TILE=tile_size, KV_FORMAT=KV_FORMAT_NATIVE,
+        DOT_IN_FP32=_dot_in_fp32(query.dtype), DOT_PRECISION=dot_precision(query.dtype),
+    )
+    return out
+
+
+def _dot_in_fp32(dtype: torch.dtype) -> bool:
+    # The interpreter has no bfloat16 arithmetic (numpy): there bf16 tiles are widened after loading.
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and is_interpreted(_paged_prefill_kernel))
+
+
+def _sequence_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """One sequence's keys (or values) as ``[1, num_kv_heads, context_len, head_dim]``."""
+    num_blocks = -(-context_len // cache.shape[1])
+    kv = cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:context_len]
+    return kv.transpose(0, 1).unsqueeze(0)
+
+
+def _chunk_attention(query, key_cache, value_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
+    """Attention of one sequence's chunk ``[q_len, num_heads, head_dim]`` over its first ``context_len`` keys."""
+    q_len = query.shape[0]
+    keys = _sequence_kv(key_cache, block_table, context_len)
+    values = _sequence_kv(value_cache, block_table, context_len)
+    q = query.transpose(0, 1).unsqueeze(0)
+    if q_len == context_len:  # no cached prefix: plain causal (SDPA aligns is_causal to the top-left corner)
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        positions = torch.arange(context_len - q_len, context_len, device=query.device)
+        visible = torch.arange(context_len, device=query.device) <= positions[:, None]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                      block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                                      context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """The specification: query ``i`` of sequence ``b`` (row ``query_start_loc[b] + i``) sits at position
+    ``p = context_lens[b] - q_len_b + i`` and attends to keys ``0..p`` of its sequence, read through the block
+    table as in ``paged_decode_attention_reference``. Query head ``h`` reads KV head ``h // (num_heads //
+    num_kv_heads)``. Returns ``[total_query_tokens, num_heads, head_dim]`` in the query's dtype.
+
+    For the CPU engine, single-token rows go through the batched decode reference in one call; longer chunks
+    run one SDPA each, over only the blocks they need."""
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    starts = query_start_loc.tolist()
+    context = context_lens.tolist()
+    q_lens = [end - start for start, end in zip(starts, starts[1:], strict=False)]
+    singles = [b for b, n in enumerate(q_lens) if n == 1]
+    if singles:
+        index = torch.tensor(singles, device=query.device)
+        rows = query_start_loc[index].long()
+        out[rows] = paged_decode_attention_reference(query[rows], key_cache, value_cache, block_tables[index],
+                                                     context_lens[index], scale)
+    for b, n in enumerate(q_lens):
+        if n > 1:
+            rows = slice(starts[b], starts[b] + n)
+            out[rows] = _chunk_attention(query[rows], key_cache, value_cache, block_tables[b], context[b], scale)
+    return out
+
+
+def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
+                            scale: float) -> torch.Tensor:
+    """Causal attention of a flat batch of query chunks over their paged keys (see the reference)."""
+    if query.is_cuda:
+        return paged_prefill_attention_triton(query, key_cache, value_cache, block_tables, query_start_loc,
+                                              context_lens, scale)
+    return paged_prefill_attention_reference(query, key_cache, value_cache, block_tables, query_start_loc,
+                                             context_lens, scale)

@@ -1,0 +1,181 @@
+"""Paged prefill attention: the Triton kernel (interpreter on CPU, or CUDA) against the reference on mixed batches
+of single-token rows and chunks with and without a cached prefix, and the reference against literal loops. Unfilled
+cache slots, unused block-table targets and outputs all start as NaN."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# triton.jit picks interpreted vs compiled when a kernel module is imported: set this before importing them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+from workbench_kernels.paged_prefill_attention import (  # noqa: E402
+    paged_prefill_attention,
+    paged_prefill_attention_reference,
+    paged_prefill_attention_triton,
+)
+from workbench_kernels.testing import (  # noqa: E402
+    assert_close,
+    attention_by_loops,
+    poisoned_like,
+    query_start_loc,
+    random_paged_kv,
+    random_queries,
+    upcast,
+)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GQA = [(9, 3), (8, 2), (5, 1), (1, 1)]  # (num_heads, num_kv_heads): groups of 3, 4, 5 and 1
+# A mixed step: decode rows (q_len 1, context 1 included), whole prompts (q_len == context) and chunks after a
+# cached prefix; lengths that are not multiples of the block sizes.
+QUERY_LENS = [1, 7, 1, 20, 30, 5, 1]
+CONTEXT_LENS = [1, 30, 17, 20, 45, 5, 64]
+
+
+def _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, query_lens=QUERY_LENS,
+          context_lens=CONTEXT_LENS, seed=0):
+    kv = random_paged_kv(context_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+                         dtype=dtype, seed=seed, device=device)
+    query = random_queries(sum(query_lens), num_heads, head_dim, dtype, seed=seed + 1, device=device)
+    return query, kv, query_start_loc(query_lens, device), head_dim**-0.5
+
+
+def _expected(query, kv, starts, scale):
+    """The reference in float32 on the CPU, from the same (rounded) inputs: the exact answer for this dtype."""
+    q, k, v = upcast(query.cpu(), kv.key_cache.cpu(), kv.value_cache.cpu())
+    return paged_prefill_attention_reference(q, k, v, kv.block_tables.cpu(), starts.cpu(), kv.context_lens.cpu(),
+                                             scale)
+
+
+def _check_kernel(device, dtype, num_heads, num_kv_heads, head_dim=64, block_size=16, query_lens=QUERY_LENS,
+                  context_lens=CONTEXT_LENS, **knobs):
+    query, kv, starts, scale = _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, query_lens,
+                                     context_lens)
+    out = paged_prefill_attention_triton(query, kv.key_cache, kv.value_cache, kv.block_tables, starts,
+                                         kv.context_lens, scale, out=poisoned_like(query), **knobs)
+    assert_close(out, _expected(query, kv, starts, scale), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
+def test_kernel_matches_reference_for_gqa_ratios(device, dtype, num_heads, num_kv_heads):
+    _check_kernel(device, dtype, num_heads, num_kv_heads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "gqa", "head_dim", "block_size"), [
+    (torch.float32, (8, 2), 128, 8),
+    (torch.bfloat16, (9, 3), 128, 32),
+    (torch.float16, (5, 1), 128, 16),
+    (torch.float32, (9, 3), 80, 8),  # head_dim that is not a power of two: padded and masked
+])
+def test_kernel_matches_reference_for_head_dims_and_block_sizes(device, dtype, gqa, head_dim, block_size):
+    _check_kernel(device, dtype, *gqa, head_dim=head_dim, block_size=block_size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("gqa", "knobs"), [
+    ((9, 3), {"block_m": 16, "tile_size": 16}),  # 5 query tokens per program: many blocks, gaps in the numbering
+    ((5, 1), {"block_m": 16, "tile_size": 16}),  # 3 query tokens per program
+    ((8, 2), {"block_m": 32, "tile_size": 32}),
+])
+def test_kernel_with_small_tiles(device, dtype, gqa, knobs):
+    _check_kernel(device, dtype, *gqa, block_size=8, **knobs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("query_lens", "context_lens"), [
+    ([37], [37]),  # one sequence, a whole prompt
+    ([1], [1]),  # one sequence, one token
+    ([150, 1, 200], [400, 300, 230]),  # verifying many tokens after a long prefix
+])
+def test_kernel_single_sequences_and_long_chunks(device, query_lens, context_lens):
+    _check_kernel(device, torch.float32, 8, 2, query_lens=query_lens, context_lens=context_lens)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (4, 4)])
+def test_reference_matches_literal_loops(num_heads, num_kv_heads):
+    query_lens, context_lens = [1, 4, 6, 1, 3], [1, 9, 6, 7, 3]
+    query, kv, starts, scale = _case("cpu", torch.float32, num_heads, num_kv_heads, 16, 4, query_lens, context_lens)
+    expected = attention_by_loops(query, kv, query_lens, scale)
+    got = paged_prefill_attention_reference(query, kv.key_cache, kv.value_cache, kv.block_tables, starts,
+                                            kv.context_lens, scale)
+    assert_close(got, expected, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_reference_in_low_precision(dtype):
+    """The CPU engine may run the reference in bf16/fp16 itself: it must stay within that dtype's tolerance."""
+    query, kv, starts, scale = _case("cpu", dtype, 9, 3, 64, 16)
+    got = paged_prefill_attention_reference(query, kv.key_cache, kv.value_cache, kv.block_tables, starts,
+                                            kv.context_lens, scale)
+    assert got.dtype == dtype
+    assert_close(got, _expected(query, kv, starts, scale), dtype)
+
+
+def test_public_function_on_cpu_runs_the_reference():
+    query, kv, starts, scale = _case("cpu", torch.float32, 9, 3, 64, 16)
+    args = query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, scale
+    assert torch.equal(paged_prefill_attention(*args), paged_prefill_attention_reference(*args))
+
+
+def _bad(case: str):
+    query, kv, starts, scale = _case("cpu", torch.float32, 9, 3, 64, 16)
+    args = {"query": query, "key_cache": kv.key_cache, "value_cache": kv.value_cache,
+            "block_tables": kv.block_tables, "query_start_loc": starts, "context_lens": kv.context_lens,
+            "scale": scale}
+    changes = {
+        "query 4-D": {"query": query[None]},
+        "cache dtype": {"key_cache": kv.key_cache.bfloat16(), "value_cache": kv.value_cache.bfloat16()},
+        "gqa": {"query": query[:, :8].contiguous()},
+        "starts length": {"query_start_loc": starts[:-1]},
+        "starts dtype": {"query_start_loc": starts.float()},
+        "table rows": {"block_tables": kv.block_tables[:-1]},
+        "table device": {"block_tables": kv.block_tables.to("meta")},
+        "scale": {"scale": float("inf")},
+        "block_m": {"block_m": 8},
+        "out dtype": {"out": torch.empty_like(query, dtype=torch.float16)},
+    }
+    args.update(changes[case])
+    return args
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("query 4-D", "query must have 3 dimensions"),
+    ("cache dtype", "quantized KV formats are not implemented"),
+    ("gqa", r"num_heads \(8\) must be a multiple of num_kv_heads \(3\)"),
+    ("starts length", r"query_start_loc.shape\[0\] is 7 but must equal len\(context_lens\) \+ 1 \(8\)"),
+    ("starts dtype", "query_start_loc has dtype torch.float32"),
+    ("table rows", r"block_tables.shape\[0\] is 6"),
+    ("table device", "block_tables is on meta"),
+    ("scale", "scale must be a positive finite float, got inf"),
+    ("block_m", "block_m must be a power of two >= 16, got 8"),
+    ("out dtype", "out has dtype torch.float16"),
+])
+def test_launcher_rejects_bad_arguments(case, message):
+    with pytest.raises(ValueError, match=message):
+        paged_prefill_attention_triton(**_bad(case))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_block_ids_past_2_31_elements(device):
+    """Block ids whose offsets pass 2**31 elements (a ~4.3 GiB float16 cache, lazily backed, top blocks used).
+
+    Run in a subprocess: under the interpreter an int32 offset wraps negative and the load reads outside the
+    cache, which crashes the process (SIGSEGV) instead of failing an assert; reverting the int64 cast in
+    _paged_tiles._kv_tile_offsets made this test fail that way."""
+    code = f"from workbench_kernels.testing import check_large_block_ids; check_large_block_ids('prefill', {device!r})"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})})
+    assert result.returncode == 0, f"exit code {result.returncode} (-11: out-of-bounds access)\n{result.stderr[-3000:]}"
