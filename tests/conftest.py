@@ -3,10 +3,18 @@ the command that makes it) rather than skip, so a broken set-up can never pass a
 
 from __future__ import annotations
 
-import pytest
+import os
+
 import torch
 
-import workbench
+# Without CUDA, Triton kernels run in its interpreter on CPU tensors. triton.jit reads this when a kernel is
+# defined (at import of its module), so it must be set before anything imports workbench_kernels.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import workbench  # noqa: E402
 
 
 @pytest.fixture(scope="session")

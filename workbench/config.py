@@ -216,3 +216,81 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+# On the CPU the "device" is the machine's RAM, shared with everything else; a default budget of 1 GiB holds
+# ~23k tokens of SmolLM2-135M's fp32 KV (46 KB/token), far more than any notebook workload needs.
+DEFAULT_CPU_KV_BUDGET_BYTES = 1 << 30
+
+
+@dataclass(slots=True, frozen=True)
+class CacheConfig:
+    """How the paged KV cache is laid out and how big it is.
+
+    ``num_blocks`` fixes the pool size directly; otherwise it follows from ``memory_budget_bytes`` (KV bytes
+    to spend) or, on a GPU, from ``memory_utilization`` of the device minus weights and the measured
+    activation peak (`workbench.cache.sizing.block_budget`).
+    """
+
+    block_size: int = 16
+    num_blocks: int | None = None
+    memory_budget_bytes: int | None = None
+    memory_utilization: float = 0.9
+    enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.block_size, int) and 1 <= self.block_size <= 1024,
+                 f"block_size must be an integer in [1, 1024], got {self.block_size!r}")
+        _require(self.num_blocks is None or (isinstance(self.num_blocks, int) and self.num_blocks >= 1),
+                 f"num_blocks must be an integer >= 1 or None, got {self.num_blocks!r}")
+        _require(self.memory_budget_bytes is None or self.memory_budget_bytes > 0,
+                 f"memory_budget_bytes must be > 0 or None, got {self.memory_budget_bytes!r}")
+        _require(0 < self.memory_utilization <= 1,
+                 f"memory_utilization must be in (0, 1], got {self.memory_utilization!r}")
+        from workbench.cache.kv_formats import KV_FORMAT_NAMES  # late: kv_formats imports this module
+
+        allowed = (*KV_FORMAT_NAMES, "float32", "float16", "bfloat16")
+        _require(self.kv_cache_dtype in allowed,
+                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: choose one of {list(allowed)}")
+
+
+BATCHING_MODES = ("continuous", "static", "dynamic")
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerConfig:
+    """What one engine step may contain, and how requests join the running batch.
+
+    ``batching`` is for teaching: ``continuous`` lets requests join and leave every step; ``static`` runs a
+    fixed batch to completion before admitting more; ``dynamic`` also runs batches to completion, but starts
+    one once ``dynamic_batch_size`` requests wait or the oldest has waited ``dynamic_max_wait_s``.
+    """
+
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 32
+    enable_chunked_prefill: bool = True
+    max_prefill_chunk: int | None = None  # tokens of one prompt per step (None: whatever budget is left)
+    batching: str = "continuous"
+    dynamic_batch_size: int = 8
+    dynamic_max_wait_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
+                 f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+        _require(isinstance(self.max_num_batched_tokens, int) and self.max_num_batched_tokens >= self.max_num_seqs,
+                 f"max_num_batched_tokens must be an integer >= max_num_seqs ({self.max_num_seqs}) so every "
+                 f"running sequence can decode each step, got {self.max_num_batched_tokens!r}")
+        _require(self.max_prefill_chunk is None or (isinstance(self.max_prefill_chunk, int)
+                                                    and self.max_prefill_chunk >= 1),
+                 f"max_prefill_chunk must be an integer >= 1 or None, got {self.max_prefill_chunk!r}")
+        _require(self.batching in BATCHING_MODES,
+                 f"batching must be one of {BATCHING_MODES}, got {self.batching!r}")
+        _require(isinstance(self.dynamic_batch_size, int) and self.dynamic_batch_size >= 1,
+                 f"dynamic_batch_size must be an integer >= 1, got {self.dynamic_batch_size!r}")
+        _require(self.dynamic_max_wait_s >= 0, f"dynamic_max_wait_s must be >= 0, got {self.dynamic_max_wait_s!r}")
+
+    @property
+    def chunk_limit(self) -> int:
+        """Most prompt tokens one sequence may bring to a single step."""
+        return self.max_prefill_chunk or self.max_num_batched_tokens

@@ -1,0 +1,200 @@
+"""The engine: requests in, tokens out, one batched forward per step.
+
+    engine = LLMEngine.from_pretrained("smollm2-135m")
+    outputs = engine.generate(["Hello!", "What is a KV cache?"], SamplingParams(max_tokens=32))
+
+    for delta in engine.stream("Tell me a story.", SamplingParams(max_tokens=64)):
+        print(delta.outputs[0].new_text, end="")
+
+A step: the scheduler picks sequences and token counts (decodes first, then prefill chunks), the runner runs
+one forward over the mixed batch on the paged cache, the sampler picks next tokens, the engine appends them,
+checks stop conditions, frees finished sequences' blocks, and stamps every event for the metrics.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+
+import torch
+from tqdm.auto import tqdm
+
+from workbench.cache.block_manager import BlockManager
+from workbench.cache.paged import PagedKVCache
+from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
+from workbench.engine.cache_setup import kv_cache_dtype, num_blocks_for
+from workbench.engine.model_runner import ModelRunner
+from workbench.engine.outputs import RequestOutput
+from workbench.engine.requests import Request, build_output, new_request
+from workbench.engine.sampler import sample_batch
+from workbench.engine.scheduler import Scheduler, SchedulerOutput
+from workbench.engine.sequence import FinishReason, Sequence
+from workbench.metrics.recorder import MetricsRecorder, StepRecord
+from workbench.models.llama import LlamaModel
+from workbench.prompts import eos_token_ids
+
+
+class LLMEngine:
+    def __init__(self, model: LlamaModel, tokenizer=None, *, cache_config: CacheConfig | None = None,
+                 scheduler_config: SchedulerConfig | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.cache_config = cache_config or CacheConfig()
+        self.scheduler_config = scheduler_config or SchedulerConfig()
+        num_blocks = num_blocks_for(model, self.cache_config, self.scheduler_config)
+        self.cache = PagedKVCache(model.spec, num_blocks, self.cache_config.block_size,
+                                  dtype=kv_cache_dtype(self.cache_config, model.dtype), device=model.device)
+        self.blocks = BlockManager(num_blocks, self.cache_config.block_size,
+                                   enable_prefix_caching=self.cache_config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.scheduler_config, self.blocks)
+        self.runner = ModelRunner(model, self.cache, self.blocks)
+        self.metrics = MetricsRecorder()
+        self.requests: dict[str, Request] = {}
+        self.eos_ids = eos_token_ids(tokenizer) if tokenizer is not None else set()
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._steps = 0
+        self.clock = time.perf_counter
+
+    @classmethod
+    def from_pretrained(cls, name: str = "smollm2-135m", *, device: torch.device | str | None = None,
+                        dtype: torch.dtype = torch.float32, **configs) -> LLMEngine:
+        from workbench.models import load_model
+
+        model, tokenizer = load_model(name, dtype=dtype, device=device)
+        return cls(model, tokenizer, **configs)
+
+    # ----------------------------------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, arrival_time: float | None = None, chat: bool = True) -> str:
+        """Queue a request; returns its id. Bad input raises ValueError and leaves the engine untouched."""
+        request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = new_request(self, request_id, prompt, params or SamplingParams(),
+                              self.clock() if arrival_time is None else arrival_time, chat)
+        self.requests[request_id] = request
+        self.scheduler.add(request.seqs[0])
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now; its blocks are freed at once."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            raise ValueError(f"unknown request id {request_id!r}")
+        now = self.clock()
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.remove(seq)
+                self._finish(seq, FinishReason.ABORT, now)
+
+    def has_unfinished_requests(self) -> bool:
+        return any(not r.finished for r in self.requests.values())
+
+    # ----------------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling decision and one forward; return the requests that got new tokens."""
+        start = self.clock()
+        out = self.scheduler.schedule(start)
+        if out.is_empty:
+            return []
+        result = self.runner.execute(out.scheduled, len(out.decodes), out.block_copies)
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.blocks.mark_computed(item.seq.seq_id, item.seq.num_computed_tokens)
+        touched = self._sample_and_append(result.sampled, result.logits)
+        self._record_step(out, start)
+        outputs = [build_output(self.requests[rid]) for rid in touched if rid in self.requests]
+        for output in outputs:
+            if output.finished:
+                del self.requests[output.request_id]
+        return outputs
+
+    def _sample_and_append(self, sampled, logits: torch.Tensor) -> list[str]:
+        rows: list[int] = []
+        seqs: list[Sequence] = []
+        for row, item in enumerate(sampled):
+            request = self.requests[item.seq.request_id]
+            if item.seq is request.seqs[0] and request.pending_forks:
+                for child in request.fork_children(self.blocks):
+                    self.scheduler.admit_forked(child)
+                    rows.append(row)
+                    seqs.append(child)
+            rows.append(row)
+            seqs.append(item.seq)
+        if not seqs:
+            return []
+        tokens = sample_batch(logits[rows], [s.params for s in seqs], [s.generator for s in seqs])
+        now = self.clock()
+        for seq, token in zip(seqs, tokens, strict=True):
+            self._append_token(seq, token, now)
+        return list(dict.fromkeys(s.request_id for s in seqs))
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> None:
+        seq.output_ids.append(token)
+        seq.token_times.append(now)
+        self.blocks.append_tokens(seq.seq_id, [token])
+        stopped_on_text = False
+        if seq.detokenizer is not None:
+            seq.detokenizer.push(token)
+            stopped_on_text = seq.detokenizer.stopped_on is not None
+        stop_ids = set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_ids)
+        if token in stop_ids or stopped_on_text:
+            reason = FinishReason.STOP
+        elif len(seq.output_ids) >= seq.params.max_tokens or seq.num_tokens >= seq.max_total_tokens:
+            reason = FinishReason.LENGTH
+        else:
+            return
+        self.scheduler.remove(seq)
+        self._finish(seq, reason, now)
+
+    def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
+        seq.finish(reason, now)
+        self.metrics.record_finished(seq)
+
+    def _record_step(self, out: SchedulerOutput, start: float) -> None:
+        self.metrics.record_step(StepRecord(
+            step=self._steps, start_time=start, duration_s=self.clock() - start,
+            num_prefill_tokens=sum(s.num_new_tokens for s in out.prefills), num_decode_tokens=len(out.decodes),
+            num_prefill_seqs=len(out.prefills), num_decode_seqs=len(out.decodes),
+            num_waiting=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
+            kv_blocks_free=self.blocks.num_free_blocks,
+            prefix_hit_tokens=sum(s.num_cached_prompt_tokens for s in out.admitted),
+            preemptions=len(out.preempted)))
+        self._steps += 1
+
+    # ----------------------------------------------------------------------------------------------------
+    def stream(self, prompt: str | list[int], params: SamplingParams | None = None,
+               **kwargs) -> Iterator[RequestOutput]:
+        """Add a request and yield its output each time it grows (``new_text``/``new_token_ids`` hold the delta).
+
+        Drives the engine itself, so other queued requests progress too. Leaving the loop early aborts it."""
+        request_id = self.add_request(prompt, params, **kwargs)
+        request = self.requests[request_id]
+        try:
+            while True:
+                output = build_output(request, since_last_look=True)
+                if any(o.new_token_ids for o in output.outputs) or output.finished:
+                    yield output
+                if output.finished:
+                    return
+                self.step()
+        finally:
+            if request_id in self.requests and not request.finished:
+                self.abort(request_id)
+
+    def generate(self, prompts: Seq[str | list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 *, progress: bool = True, chat: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion, batched; outputs in prompt order."""
+        params_list = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, params_list, strict=True)]
+        requests = {rid: self.requests[rid] for rid in ids}
+        with tqdm(total=len(ids), desc="generate", unit="req", disable=not progress) as bar:
+            while not all(r.finished for r in requests.values()):
+                if not self.step():
+                    time.sleep(0.001)  # dynamic batching waiting for its timer
+                bar.update(sum(r.finished for r in requests.values()) - bar.n)
+        return [build_output(requests[rid]) for rid in ids]

@@ -1,0 +1,56 @@
+"""Attention over the paged KV cache for one mixed forward pass: the backend the model runner hands the model.
+
+A step's flat batch puts decode sequences first (one query token each), then prefill chunks. For each layer
+the backend writes the new keys and values into their slots, then runs the decode kernel over the decode rows
+and the prefill kernel (causal inside the chunk, full over the cached prefix) over the rest: two launches per
+layer whatever the batch mix. Kernels come from ``workbench_kernels``: Triton on CUDA, references on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from workbench.cache.paged import PagedKVCache
+from workbench_kernels.paged_decode_attention import paged_decode_attention
+from workbench_kernels.paged_prefill_attention import paged_prefill_attention
+from workbench_kernels.store_kv import store_kv
+
+
+@dataclass(slots=True)
+class PagedBatchMetadata:
+    """Where each token of the flat batch lives. Tensors are on the model's device.
+
+    Sequences ``0 .. num_decode_seqs-1`` bring exactly one query token each and come first."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot receiving each new token's K/V
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    context_lens: torch.Tensor  # [num_seqs] int32: keys each sequence attends to, new tokens included
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative query lengths
+    num_decode_seqs: int
+
+    @property
+    def num_seqs(self) -> int:
+        return self.context_lens.shape[0]
+
+
+class PagedAttention:
+    def __init__(self, cache: PagedKVCache, meta: PagedBatchMetadata, scale: float):
+        self.cache, self.meta, self.scale = cache, meta, scale
+        d = meta.num_decode_seqs
+        self._prefill_starts = meta.query_start_loc[d:] - d  # prefill rows start after the decode rows
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta, d = self.meta, self.meta.num_decode_seqs
+        key_cache, value_cache = self.cache.key[layer], self.cache.value[layer]
+        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        if d == meta.num_seqs:
+            return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale)
+        prefill = paged_prefill_attention(q[d:], key_cache, value_cache, meta.block_tables[d:], self._prefill_starts,
+                                          meta.context_lens[d:], self.scale)
+        if d == 0:
+            return prefill
+        decode = paged_decode_attention(q[:d], key_cache, value_cache, meta.block_tables[:d], meta.context_lens[:d],
+                                        self.scale)
+        return torch.cat([decode, prefill])

@@ -1,0 +1,168 @@
+"""Which sequences run in the next step, and how many tokens each brings.
+
+One step is one forward pass over a flat batch of at most ``max_num_batched_tokens`` tokens:
+
+1. running sequences first, decodes before unfinished prefills: each decode brings its one newest token, a
+   prefill its next chunk (chunked prefill), so a long prompt can never stall the decoders for a whole step;
+2. then waiting sequences are admitted, oldest first, while tokens, sequence slots and blocks last.
+
+When blocks run out for a running sequence, the newest running sequence not yet scheduled this step is
+preempted by recompute: its blocks are freed and it goes back to the front of the queue, to be prefilled
+again (prompt and generated tokens) when there is room. No new sequence is admitted in a step that preempts.
+
+The scheduler only moves sequences and asks the block manager for slots: it never touches tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from workbench.cache.block_manager import BlockManager
+from workbench.config import SchedulerConfig
+from workbench.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int  # tokens fed this step, from seq.num_computed_tokens on
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write, before the forward
+    preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # joined the running batch this step
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        """Decodes first, then prefills: the order of rows in the step's flat batch."""
+        return self.decodes + self.prefills
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.blocks = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+
+    # ----------------------------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out, releasing its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+            self.blocks.free(seq.seq_id)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+
+    def admit_forked(self, seq: Sequence) -> None:
+        """A sibling forked from a running parent (n > 1) joins the running batch directly."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ----------------------------------------------------------------------------------------------------
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out)
+        if not out.preempted and self._may_admit(now):
+            self._admit_waiting(out, budget, now)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput) -> int:
+        budget = self.config.max_num_batched_tokens
+        scheduled: set[int] = set()
+        order = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
+        for seq in order:
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit)
+            if n == 0:
+                break
+            if not self._reserve_or_preempt(seq, n, scheduled, out):
+                continue
+            target = out.decodes if seq.is_decoding else out.prefills
+            target.append(ScheduledSeq(seq, n))
+            scheduled.add(seq.seq_id)
+            budget -= n
+        return budget
+
+    def _reserve_or_preempt(self, seq: Sequence, n: int, scheduled: set[int], out: SchedulerOutput) -> bool:
+        """Reserve slots for ``n`` more tokens of ``seq``, preempting newer sequences while blocks lack."""
+        need = seq.num_computed_tokens + n
+        while not self.blocks.can_reserve(seq.seq_id, need):
+            victims = [s for s in reversed(self.running) if s.seq_id not in scheduled]
+            victim = victims[0]  # never empty: seq itself is running and unscheduled
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        out.block_copies += self.blocks.reserve(seq.seq_id, need)
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    # ----------------------------------------------------------------------------------------------------
+    def _may_admit(self, now: float) -> bool:
+        mode = self.config.batching
+        if mode == "continuous" or not self.waiting:
+            return bool(self.waiting)
+        if self.running:  # static and dynamic batches run to completion before anything joins
+            return False
+        if mode == "static":
+            return True
+        oldest_wait = now - self.waiting[0].arrival_time
+        return len(self.waiting) >= self.config.dynamic_batch_size or oldest_wait >= self.config.dynamic_max_wait_s
+
+    def _admission_limit(self) -> int:
+        limit = self.config.max_num_seqs
+        if self.config.batching == "dynamic":
+            limit = min(limit, self.config.dynamic_batch_size)
+        return limit
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
+        chunked = self.config.enable_chunked_prefill
+        while self.waiting and budget > 0 and len(self.running) < self._admission_limit():
+            seq = self.waiting[0]
+            # Admit only if the whole known sequence fits in the free blocks (prefix hits counted), so that
+            # chunks of admitted prompts do not preempt each other in a loop.
+            if self.blocks.blocks_needed(seq.token_ids) > self.blocks.num_free_blocks:
+                break
+            if not chunked and seq.num_tokens > budget:
+                break
+            cached = self.blocks.add_sequence(seq.seq_id, seq.token_ids)
+            seq.num_computed_tokens = seq.num_cached_prompt_tokens = cached
+            n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit if chunked else budget)
+            out.block_copies += self.blocks.reserve(seq.seq_id, seq.num_computed_tokens + n)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = now
+            self.running.append(seq)
+            out.admitted.append(seq)
+            out.prefills.append(ScheduledSeq(seq, n))
+            budget -= n
