@@ -294,3 +294,30 @@ class SchedulerConfig:
     def chunk_limit(self) -> int:
         """Most prompt tokens one sequence may bring to a single step."""
         return self.max_prefill_chunk or self.max_num_batched_tokens
+
+
+SPEC_METHODS = ("ngram", "draft")
+
+
+@dataclass(slots=True, frozen=True)
+class SpecConfig:
+    """Speculative decoding: a cheap proposer drafts tokens, the target verifies them all in one forward.
+
+    ``ngram`` (prompt lookup) proposes the continuation of the longest recent n-gram (``ngram_max`` down to
+    ``ngram_min`` tokens) that already occurred in the sequence. ``draft`` runs a draft model on its own paged
+    KV cache (by default the trained SmolLM2 draft in ``datasets/drafts``). ``num_speculative_tokens`` is K,
+    the drafts per step; a request may ask for a different K (`LLMEngine.add_request`).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+    def __post_init__(self) -> None:
+        _require(self.method in SPEC_METHODS, f"method must be one of {SPEC_METHODS}, got {self.method!r}")
+        _require(isinstance(self.num_speculative_tokens, int) and 1 <= self.num_speculative_tokens <= 16,
+                 f"num_speculative_tokens must be an integer in [1, 16], got {self.num_speculative_tokens!r}")
+        _require(isinstance(self.ngram_min, int) and isinstance(self.ngram_max, int)
+                 and 1 <= self.ngram_min <= self.ngram_max,
+                 f"need integers 1 <= ngram_min <= ngram_max, got {self.ngram_min!r} and {self.ngram_max!r}")

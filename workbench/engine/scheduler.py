@@ -26,7 +26,16 @@ from workbench.engine.sequence import Sequence, SequenceStatus
 @dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
-    num_new_tokens: int  # tokens fed this step, from seq.num_computed_tokens on
+    num_new_tokens: int  # tokens fed this step, from seq.num_computed_tokens on (drafts included)
+    lookahead: int = 0  # slots reserved for speculative drafts beyond the newest token
+    drafts: list[int] = field(default_factory=list)  # filled by the engine's proposer before the forward
+    draft_probs: object = None  # [len(drafts), vocab] distributions the drafts were sampled from, or None
+    accepted: int = 0  # drafts the verification accepted (set after the forward)
+
+    def set_drafts(self, drafts: list[int], probs: object) -> None:
+        self.drafts = drafts[: self.lookahead]
+        self.draft_probs = probs[: len(self.drafts)] if probs is not None else None
+        self.num_new_tokens = 1 + len(self.drafts)
 
 
 @dataclass(slots=True)
@@ -39,8 +48,14 @@ class SchedulerOutput:
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
-        """Decodes first, then prefills: the order of rows in the step's flat batch."""
-        return self.decodes + self.prefills
+        """Single-token decodes first, then decodes verifying drafts, then prefills: the order of rows in the
+        step's flat batch (the decode kernel takes the first group, the prefill kernel the rest)."""
+        return ([d for d in self.decodes if d.num_new_tokens == 1] + [d for d in self.decodes if d.num_new_tokens > 1]
+                + self.prefills)
+
+    @property
+    def num_single_token_decodes(self) -> int:
+        return sum(d.num_new_tokens == 1 for d in self.decodes)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -94,15 +109,16 @@ class Scheduler:
         for seq in order:
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            lookahead = min(seq.lookahead, max(budget - 1, 0))
             n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit)
             if n == 0:
                 break
-            if not self._reserve_or_preempt(seq, n, scheduled, out):
+            if not self._reserve_or_preempt(seq, n + lookahead, scheduled, out):
                 continue
             target = out.decodes if seq.is_decoding else out.prefills
-            target.append(ScheduledSeq(seq, n))
+            target.append(ScheduledSeq(seq, n, lookahead))
             scheduled.add(seq.seq_id)
-            budget -= n
+            budget -= n + lookahead
         return budget
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, scheduled: set[int], out: SchedulerOutput) -> bool:

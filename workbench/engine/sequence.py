@@ -16,6 +16,7 @@ import torch
 
 from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.spec.stats import SpecCounters
 
 
 class SequenceStatus(enum.Enum):
@@ -52,6 +53,8 @@ class Sequence:
     # Tokens before this index have been handed to the caller (streaming deltas).
     num_returned_tokens: int = 0
     returned_text_len: int = 0
+    spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence)
+    spec: SpecCounters = field(default_factory=SpecCounters)
 
     @property
     def num_tokens(self) -> int:
@@ -69,6 +72,16 @@ class Sequence:
     def is_decoding(self) -> bool:
         """True once the prompt is in the cache and only the newest token remains to be fed."""
         return self.num_uncomputed_tokens == 1 and bool(self.output_ids)
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        """Tokens it may still generate (max_tokens and the context both count)."""
+        return min(self.params.max_tokens - len(self.output_ids), self.max_total_tokens - self.num_tokens)
+
+    @property
+    def lookahead(self) -> int:
+        """Drafts worth verifying next step: a pass emits up to drafts + 1 tokens, never more than remain."""
+        return max(0, min(self.spec_k, self.num_remaining_tokens - 1)) if self.is_decoding else 0
 
     @property
     def is_finished(self) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from workbench.engine.sequence import Sequence
+from workbench.spec.stats import SpecCounters
 
 PERCENTILES = (50, 95, 99)
 
@@ -65,7 +66,8 @@ class MetricsRecorder:
         rows = [_request_row(s) for s in self.finished]
         columns = ["request_id", "seq_id", "arrival", "first_scheduled", "first_token", "finish", "finish_reason",
                    "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "queue_time_s",
-                   "ttft_s", "tpot_s", "e2e_s", "mean_itl_s", "max_itl_s"]
+                   "ttft_s", "tpot_s", "e2e_s", "mean_itl_s", "max_itl_s", "drafted_tokens", "accepted_tokens",
+                   "acceptance_rate"]
         return pd.DataFrame(rows, columns=columns)
 
     def itl_frame(self) -> pd.DataFrame:
@@ -97,6 +99,13 @@ class MetricsRecorder:
             rows[name] = row
         return pd.DataFrame(rows).T
 
+    def spec_counters(self) -> SpecCounters:
+        """Speculative-decoding counters summed over the finished sequences."""
+        total = SpecCounters()
+        for seq in self.finished:
+            total.merge(seq.spec)
+        return total
+
     def throughput(self) -> dict[str, float]:
         """Output tokens per second over the span from the first arrival to the last finish."""
         requests = self.request_frame()
@@ -124,4 +133,6 @@ def _request_row(s: Sequence) -> dict:
         "e2e_s": (s.finish_time - s.arrival_time) if s.finish_time else np.nan,
         "mean_itl_s": float(gaps.mean()) if len(gaps) else np.nan,
         "max_itl_s": float(gaps.max()) if len(gaps) else np.nan,
+        "drafted_tokens": s.spec.drafted, "accepted_tokens": s.spec.accepted,
+        "acceptance_rate": s.spec.acceptance_rate,
     }

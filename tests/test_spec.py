@@ -1,0 +1,228 @@
+"""Speculative decoding: exact greedy outputs, an unchanged sampling distribution, honest statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import workbench
+from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
+from workbench.engine.llm_engine import LLMEngine
+from workbench.generation import generate
+from workbench.spec.ngram import propose_ngram
+from workbench.spec.stats import SpecCounters, expected_tokens_per_pass
+from workbench.spec.verify import verify_greedy, verify_sampled
+
+PROMPTS = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the dog sat on the log.",
+           "Write a haiku about autumn.", "List three uses of a paperclip.",
+           "Copy this list: apples, pears, plums, apples, pears, plums, figs."]
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Upper quantile of chi-square (Wilson-Hilferty); z = 3.09 is the normal 99.9% point."""
+    c = 2 / (9 * df)
+    return df * (1 - c + z * math.sqrt(c)) ** 3
+
+
+def chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Statistic and degrees of freedom over cells with expected count >= 5 (rare cells pooled)."""
+    expected = probs * counts.sum()
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+
+
+# ------------------------------------------------------------------------------------------------- units
+def test_verify_greedy_accepts_the_matching_prefix():
+    logits = torch.full((4, 10), -1.0)
+    for row, best in enumerate([3, 5, 7, 9]):
+        logits[row, best] = 1.0
+    assert verify_greedy([3, 5, 1], logits) == (2, [3, 5, 7])
+    assert verify_greedy([3, 5, 7], logits) == (3, [3, 5, 7, 9])
+    assert verify_greedy([4], logits[:2]) == (0, [3])
+
+
+def test_rejection_sampling_preserves_the_target_distribution():
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05, 0.0], [0.1, 0.1, 0.2, 0.2, 0.2, 0.2]])
+    q = torch.tensor([0.05, 0.05, 0.1, 0.2, 0.3, 0.3])  # a bad draft: mass where p has little
+    n = 20000
+    first, broken = torch.zeros(6), torch.zeros(6)
+    for _ in range(n):
+        draft = int(torch.multinomial(q, 1, generator=gen))
+        accepted, emitted = verify_sampled([draft], q[None], p, gen)
+        first[emitted[0]] += 1
+        broken[draft] += 1  # what "always accept" would emit
+    stat, df = chi2(first, p[0])
+    assert stat < chi2_critical(df), (first / n, p[0])
+    bad_stat, bad_df = chi2(broken, p[0])
+    assert bad_stat > chi2_critical(bad_df)  # the test has the power to see a wrong rule
+
+
+def test_deterministic_proposals_also_preserve_it():
+    gen = torch.Generator().manual_seed(1)
+    p = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.25, 0.25, 0.25, 0.25]])
+    counts = torch.zeros(4)
+    for _ in range(8000):
+        counts[verify_sampled([2], None, p, gen)[1][0]] += 1
+    stat, df = chi2(counts, p[0])
+    assert stat < chi2_critical(df)
+
+
+def test_ngram_proposer_takes_the_longest_latest_match():
+    tokens = [1, 2, 3, 9, 1, 2, 3, 4, 5, 1, 2, 3]
+    assert propose_ngram(tokens, 2) == [4, 5]  # the trigram [1, 2, 3] last continued with 4, 5
+    assert propose_ngram([7, 8, 9], 3) == []
+    assert propose_ngram(tokens, 0) == []
+    assert propose_ngram([5, 6, 5], 3, ngram_min=1) == [6, 5]
+
+
+def test_theory_and_counters():
+    assert expected_tokens_per_pass(0.0, 4) == 1.0
+    assert expected_tokens_per_pass(1.0, 4) == 5.0
+    assert expected_tokens_per_pass(0.5, 2) == pytest.approx(1.75)
+    counters = SpecCounters()
+    counters.record(4, 2, 3)
+    counters.record(2, 2, 3)
+    assert counters.acceptance_rate == pytest.approx(4 / 6)
+    assert counters.per_position()["acceptance_rate"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert counters.tokens_per_pass == 3.0
+
+
+# ---------------------------------------------------------------------------------------- engine, greedy
+@pytest.fixture(scope="module")
+def expected(real_model, tokenizer):
+    return [generate(real_model, tokenizer, p, SamplingParams(max_tokens=32)).token_ids for p in PROMPTS]
+
+
+def spec_engine(model, tokenizer, spec, draft=None, **sched):
+    sched = {"max_prefill_chunk": 16, "max_num_batched_tokens": 96, **sched}  # chunked prefill in play
+    return LLMEngine(model, tokenizer, cache_config=CacheConfig(num_blocks=256), spec_config=spec,
+                     scheduler_config=SchedulerConfig(**sched), draft_model=draft)
+
+
+def check_idle(engine):
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks, "blocks leaked"
+    engine.blocks.check_invariants()
+
+
+@pytest.mark.parametrize("k", [1, 4])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_ngram_speculation_is_token_identical(real_model, tokenizer, expected, k, batch):
+    engine = spec_engine(real_model, tokenizer, SpecConfig("ngram", k))
+    out = engine.generate(PROMPTS[:batch], SamplingParams(max_tokens=32), progress=False)
+    assert [o.token_ids for o in out] == expected[:batch]
+    assert engine.metrics.spec_counters().accepted > 0
+    check_idle(engine)
+
+
+def test_target_as_its_own_draft_accepts_everything(real_model, tokenizer, expected):
+    engine = spec_engine(real_model, tokenizer, SpecConfig("draft", 4), draft=real_model)
+    out = engine.generate(PROMPTS, SamplingParams(max_tokens=32), progress=False)
+    assert [o.token_ids for o in out] == expected
+    assert engine.metrics.spec_counters().acceptance_rate == 1.0
+    check_idle(engine)
+
+
+def test_a_poor_draft_changes_nothing_but_speed(real_model, tokenizer, expected):
+    draft = workbench.random_model(real_model.spec.replace(num_layers=1), device="cpu", seed=5)
+    engine = spec_engine(real_model, tokenizer, SpecConfig("draft", 3), draft=draft)
+    out = engine.generate(PROMPTS[:3], SamplingParams(max_tokens=32), progress=False)
+    assert [o.token_ids for o in out] == expected[:3]
+    check_idle(engine)
+
+
+def test_k_per_request(real_model, tokenizer, expected):
+    engine = spec_engine(real_model, tokenizer, SpecConfig("ngram", 4))
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=32), num_speculative_tokens=0, request_id="off")
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=32), num_speculative_tokens=2, request_id="two")
+    while engine.has_unfinished_requests():
+        engine.step()
+    frame = engine.metrics.request_frame().set_index("request_id")
+    assert frame.loc["off", "drafted_tokens"] == 0 and frame.loc["two", "drafted_tokens"] > 0
+    two = next(s for s in engine.metrics.finished if s.request_id == "two")
+    assert len(two.spec.drafted_at) <= 2
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        engine.add_request("hi", num_speculative_tokens=17)
+    plain = LLMEngine(real_model, tokenizer, cache_config=CacheConfig(num_blocks=16))
+    with pytest.raises(ValueError, match="speculative decoding is off"):
+        plain.add_request("hi", num_speculative_tokens=2)
+    check_idle(engine)
+
+
+def test_speculation_with_preemption_and_stops(real_model, tokenizer, expected):
+    engine = LLMEngine(real_model, tokenizer, cache_config=CacheConfig(num_blocks=14, block_size=8),
+                       spec_config=SpecConfig("ngram", 4))
+    out = engine.generate(PROMPTS, SamplingParams(max_tokens=32), progress=False)
+    assert [o.token_ids for o in out] == expected
+    assert engine.metrics.step_frame()["preemptions"].sum() > 0
+    check_idle(engine)
+
+
+def test_bad_spec_config():
+    with pytest.raises(ValueError, match="method"):
+        SpecConfig("medusa")
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpecConfig("ngram", 0)
+    with pytest.raises(ValueError, match="ngram_min"):
+        SpecConfig("ngram", 2, ngram_min=3, ngram_max=2)
+
+
+# -------------------------------------------------------------------------------------- engine, sampled
+def tiny(seed: int):
+    spec = workbench.model_spec("smollm2-135m").replace(
+        vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+        max_position_embeddings=64)
+    return workbench.random_model(spec, device="cpu", seed=seed, std=0.5)
+
+
+def exact_pairs(model, prompt: list[int], temperature: float) -> torch.Tensor:
+    """Exact distribution of the 2nd and 3rd generated tokens, by enumerating the first two."""
+    from workbench.models.attention import NoCacheAttention
+
+    def next_probs(ids):
+        ids_t = torch.tensor(ids)
+        hidden = model(ids_t, torch.arange(len(ids)), NoCacheAttention([len(ids)], model.attention_scale))
+        return torch.softmax(model.compute_logits(hidden[-1:])[0] / temperature, -1)
+
+    v = model.spec.vocab_size
+    joint = torch.zeros(v, v)
+    with torch.inference_mode():
+        p1 = next_probs(prompt)
+        for a in range(v):
+            p2 = next_probs(prompt + [a])
+            for b in range(v):
+                joint[b] += p1[a] * p2[b] * next_probs(prompt + [a, b])
+    return joint  # joint[b, c] = P(token 2 = b, token 3 = c)
+
+
+@pytest.mark.slow
+def test_speculative_sampling_keeps_the_target_distribution_in_the_engine():
+    target, draft = tiny(11), tiny(12)
+    prompt, temperature, n = [1, 2, 3, 4], 1.0, 3000
+    want = exact_pairs(target, prompt, temperature).flatten()
+
+    def sample(spec):
+        engine = LLMEngine(target, None, cache_config=CacheConfig(num_blocks=512, block_size=4),
+                           scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512),
+                           spec_config=spec, draft_model=draft if spec else None)
+        params = [SamplingParams(max_tokens=3, temperature=temperature, seed=i) for i in range(n)]
+        out = engine.generate([prompt] * n, params, progress=False)
+        counts = torch.zeros(36)
+        for o in out:
+            counts[o.token_ids[1] * 6 + o.token_ids[2]] += 1
+        return counts, engine
+
+    for spec in (SpecConfig("draft", 2), SpecConfig("ngram", 2)):
+        counts, engine = sample(spec)
+        assert engine.metrics.spec_counters().drafted > 0
+        stat, df = chi2(counts, want)
+        assert stat < chi2_critical(df), (spec.method, stat, df)
+    # Power check: the draft's own distribution is far from the target's and must be rejected.
+    draft_pairs = exact_pairs(draft, prompt, temperature).flatten()
+    stat, df = chi2(draft_pairs * n, want)
+    assert stat > chi2_critical(df)

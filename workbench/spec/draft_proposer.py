@@ -1,0 +1,140 @@
+"""Drafting with a model: a small causal model, or an EAGLE-style head fed the target's hidden states.
+
+The draft keeps its own paged KV cache but borrows the target's block tables: the draft's KV for position j
+lives in the same slot as the target's, in the draft's own tensors. So the block manager's reservations,
+rollbacks and frees serve both, and speculative tokens need no extra bookkeeping beyond "how many positions of
+this sequence hold valid draft KV".
+
+A step drafts k tokens in k batched forwards: the first catches the draft up on every real token it has not
+seen (and yields draft 1), each further one feeds the previous draft. For an EAGLE head (``needs_target_features``)
+the input at position j is the target's feature at j with the token at j + 1, so catching up needs the features
+the engine hands over after each target forward (``observe``), and drafts beyond the first run on the head's
+own predicted features.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.cache.block_manager import BlockManager
+from workbench.cache.paged import PagedKVCache
+from workbench.engine.model_runner import BatchEntry, build_metadata
+from workbench.engine.paged_attention import PagedAttention
+from workbench.engine.sampler import probabilities
+
+
+class DraftProposer:
+    def __init__(self, draft: torch.nn.Module, blocks: BlockManager, num_blocks: int, block_size: int, *,
+                 dtype: torch.dtype, device: torch.device):
+        self.draft, self.blocks, self.device = draft, blocks, device
+        self.cache = PagedKVCache(draft.spec, num_blocks, block_size, dtype=dtype, device=device)
+        self.needs_target_features = bool(getattr(draft, "needs_target_features", False))
+        self._valid: dict[int, int] = {}  # positions of each sequence whose draft KV is valid
+        self._tables: dict[int, list[int]] = {}  # block table when that KV was written
+        self._features: dict[int, tuple[int, torch.Tensor]] = {}  # first position, target features from there
+
+    # --------------------------------------------------------------------------------------- engine hooks
+    def observe(self, seq, start: int, hidden: torch.Tensor) -> None:
+        """Keep the target's features of positions start.. (only those not yet fed to the head)."""
+        first, feats = self._features.get(seq.seq_id, (start, hidden[:0]))
+        if first + len(feats) != start:  # a gap (e.g. after a preemption): restart the buffer here
+            first, feats = start, hidden[:0]
+        feats = torch.cat([feats, hidden])
+        keep_from = max(self._valid.get(seq.seq_id, 0), first) - first
+        self._features[seq.seq_id] = (first + keep_from, feats[keep_from:].clone())
+
+    def rollback(self, seq, num_valid: int) -> None:
+        if seq.seq_id in self._valid:
+            self._valid[seq.seq_id] = min(self._valid[seq.seq_id], num_valid)
+
+    def forget(self, seq_id: int) -> None:
+        for store in (self._valid, self._tables, self._features):
+            store.pop(seq_id, None)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        self.cache.copy_blocks(pairs)
+
+    # ---------------------------------------------------------------------------------------- proposing
+    @torch.inference_mode()
+    def propose(self, items: list[tuple[object, int]]) -> list[tuple[list[int], torch.Tensor | None]]:
+        """Up to k drafts per (sequence, k), and the distributions they were drawn from (None when greedy)."""
+        drafts: list[list[int]] = [[] for _ in items]
+        probs: list[list[torch.Tensor]] = [[] for _ in items]
+        plans = [self._catch_up_plan(seq) for seq, _ in items]
+        live = [i for i, plan in enumerate(plans) if plan is not None]
+        if live:
+            entries = [plans[i][0] for i in live]
+            hidden = self._forward(entries, [plans[i][1] for i in live] if self.needs_target_features else None)
+            ends = torch.tensor([len(e.tokens) for e in entries]).cumsum(0) - 1
+            state = hidden[ends.to(self.device)]  # row n: the newest draft hidden state of sequence live[n]
+        while live:
+            self._sample_into(state, [items[i][0] for i in live], [drafts[i] for i in live], [probs[i] for i in live])
+            keep = [n for n, i in enumerate(live) if len(drafts[i]) < items[i][1]]
+            if not keep:
+                break
+            state, live = state[keep], [live[n] for n in keep]
+            entries = [BatchEntry(items[i][0].seq_id, self._next_position(items[i][0], len(drafts[i])),
+                                  [drafts[i][-1]]) for i in live]
+            state = self._forward(entries, list(state[:, None]) if self.needs_target_features else None)
+        for (seq, k), plan in zip(items, plans, strict=True):
+            if plan is not None:
+                self._after_propose(seq, k)
+        return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
+
+    def _catch_up_plan(self, seq) -> tuple[BatchEntry, torch.Tensor | None] | None:
+        """The draft's first forward for ``seq``: every real position it lacks (None if it cannot draft)."""
+        tokens, seq_id = seq.token_ids, seq.seq_id
+        valid = self._checked_valid(seq_id)
+        if not self.needs_target_features:
+            return BatchEntry(seq_id, valid, tokens[valid:]), None
+        first, feats = self._features.get(seq_id, (0, None))
+        end = len(tokens) - 1  # the head's position j pairs feature j with token j + 1
+        if feats is None or first > valid or first + len(feats) < end or valid >= end:
+            return None
+        return BatchEntry(seq_id, valid, tokens[valid + 1: end + 1]), feats[valid - first: end - first]
+
+    def _checked_valid(self, seq_id: int) -> int:
+        """Valid positions, cut back to the first block whose id changed since the KV was written."""
+        valid, table = self._valid.get(seq_id, 0), self.blocks.block_table(seq_id)
+        old = self._tables.get(seq_id, [])
+        size = self.cache.block_size
+        for index in range(-(-valid // size)):
+            if index >= len(old) or old[index] != table[index]:
+                return index * size
+        return valid
+
+    def _next_position(self, seq, num_drafted: int) -> int:
+        # A small model feeds draft i at position len + i - 1; the head lags one (it pairs feature j, token j+1).
+        return len(seq.token_ids) + num_drafted - 1 - int(self.needs_target_features)
+
+    def _after_propose(self, seq, k: int) -> None:
+        n = len(seq.token_ids)
+        # Positions written from real inputs: everything for a small model (drafts become real if accepted,
+        # and rollback() trims the rest); only the caught-up ones for a head (later ones used its own features).
+        self._valid[seq.seq_id] = n - 1 if self.needs_target_features else n + k - 1
+        self._tables[seq.seq_id] = self.blocks.block_table(seq.seq_id)
+
+    def _forward(self, entries: list[BatchEntry], feats: list[torch.Tensor] | None) -> torch.Tensor:
+        order = sorted(range(len(entries)), key=lambda i: len(entries[i].tokens) != 1)
+        single = sum(len(entries[i].tokens) == 1 for i in order)
+        ids, positions, meta = build_metadata(self.blocks, [entries[i] for i in order], single, self.device)
+        attention = PagedAttention(self.cache, meta, self.draft.attention_scale)
+        if feats is None:
+            hidden = self.draft(ids, positions, attention)
+        else:
+            hidden = self.draft(ids, torch.cat([feats[i] for i in order]), positions, attention)
+        # Back to the caller's order of entries.
+        starts = torch.tensor([0] + [len(entries[i].tokens) for i in order]).cumsum(0)
+        pieces = {i: hidden[starts[n]: starts[n + 1]] for n, i in enumerate(order)}
+        return torch.cat([pieces[i] for i in range(len(entries))])
+
+    def _sample_into(self, state: torch.Tensor, seqs: list, drafts: list[list[int]],
+                     probs: list[list[torch.Tensor]]) -> None:
+        logits = self.draft.compute_logits(state)
+        for row, (seq, out, dist) in enumerate(zip(seqs, drafts, probs, strict=True)):
+            if seq.params.greedy:
+                out.append(int(logits[row].argmax()))
+                continue
+            q = probabilities(logits[row], seq.params)
+            dist.append(q)
+            out.append(int(torch.multinomial(q, 1, generator=seq.generator)))
