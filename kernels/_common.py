@@ -94,17 +94,26 @@ def check_unit_last_stride(name: str, t: torch.Tensor) -> None:
 
 
 def check_paged_cache(key_cache: torch.Tensor, value_cache: torch.Tensor, *, num_kv_heads: int | None,
-                      head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Both caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, alike, in the activations' dtype."""
+                      head_dim: int, dtype: torch.dtype, device: torch.device, kv_format: str = "auto") -> None:
+    """Both caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, alike: in the activations' dtype for
+    ``kv_format`` 'auto', else in the format's storage dtype and width (``kv_quant.cache_shapes``)."""
+    from .kv_quant import cache_shapes  # late: kv_quant needs nothing from here, this keeps the import graph flat
+
+    layout = cache_shapes(kv_format, 1, 1, 1, head_dim, dtype)
+    width, storage = layout["data_shape"][-1], layout["data_dtype"]
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        check_tensor(name, cache, ndim=4, dtypes=FLOAT_DTYPES, device=device)
+        check_tensor(name, cache, ndim=4, dtypes=(*FLOAT_DTYPES, torch.float8_e4m3fn, torch.int8, torch.uint8),
+                     device=device)
         check_unit_last_stride(name, cache)
-        check_dim(name, cache, 3, head_dim, "head_dim")
+        check_dim(name, cache, 3, width, "head_dim" if width == head_dim else "head_dim // 2 (int4: two per byte)")
         if num_kv_heads is not None:
             check_dim(name, cache, 2, num_kv_heads, "num_kv_heads")
-        if cache.dtype != dtype:
-            raise ValueError(f"{name} has dtype {cache.dtype} but the activations are {dtype}; quantized KV "
-                             "formats are not implemented yet, so the cache must hold the activations' dtype")
+        if cache.dtype != storage and kv_format == "auto":
+            raise ValueError(f"{name} has dtype {cache.dtype} but the activations are {dtype}; with kv_format "
+                             "'auto' the cache must hold the activations' dtype (quantized caches need kv_format "
+                             "'fp8_e4m3', 'int8' or 'int4')")
+        if cache.dtype != storage:
+            raise ValueError(f"{name} has dtype {cache.dtype} but kv_format {kv_format!r} stores {storage}")
     if key_cache.shape != value_cache.shape or key_cache.stride() != value_cache.stride():
         raise ValueError(f"key_cache {tuple(key_cache.shape)} strides {key_cache.stride()} and value_cache "
                          f"{tuple(value_cache.shape)} strides {value_cache.stride()} must match")

@@ -22,7 +22,6 @@ from ._common import (
     check_dim,
     check_gqa,
     check_launchable,
-    check_paged_cache,
     check_scale,
     check_tensor,
     check_unit_last_stride,
@@ -33,7 +32,12 @@ from ._common import (
     tl,
     triton,
 )
-from ._paged_tiles import KV_FORMAT_NATIVE, _kv_tile_offsets, _load_kv_tile, _online_softmax_step
+from ._kv_args import check_kv_args, kv_kernel_args
+from ._paged_gather import gather_padded_kv, gather_padded_values
+from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
+
+__all__ = ["gather_padded_kv", "paged_decode_attention", "paged_decode_attention_reference",
+           "paged_decode_attention_triton"]
 
 # Keys per loop iteration. Untuned (no GPU measurement yet; benchmarks/bench_decode_kernel.py --tile measures it):
 # 64 keys x 128 dims x 2 bytes = 16 KiB per K or V tile, within what one program keeps in registers/shared memory.
@@ -50,8 +54,10 @@ def _paged_decode_kernel(
     partial_out_ptr,  # [num_seqs, num_heads, num_splits, BLOCK_D] float32: each split's normalized output (SPLIT_K)
     partial_lse_ptr,  # [num_seqs, num_heads, num_splits] float32: each split's log2-sum-exp2 of scores (SPLIT_K)
     query_ptr,  # [num_seqs, num_heads, head_dim]
-    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]; fp8 as uint8; int4 [..., head_dim // 2] uint8
+    value_cache_ptr,  # like key_cache_ptr
+    k_scale_ptr,  # fp8: [num_kv_heads] f32; int8: [num_blocks, block_size, num_kv_heads] f16; int4: [..., G, 2] f16
+    v_scale_ptr,  # like k_scale_ptr
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32/int64
     context_lens_ptr,  # [num_seqs] int32/int64
     scale_log2,  # softmax scale * log2(e)
@@ -61,6 +67,7 @@ def _paged_decode_kernel(
     stride_os, stride_oh,  # out: sequence, head
     stride_bt,  # block_tables: sequence
     stride_cb, stride_cs, stride_ch,  # both caches: block, slot in block, KV head
+    stride_sb, stride_ss, stride_sh, stride_sg,  # both per-slot scales: block, slot, KV head, int4 group (else 0)
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_SIZE: tl.constexpr,  # cache block size
@@ -68,7 +75,7 @@ def _paged_decode_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM padded likewise
     TILE: tl.constexpr,  # keys per iteration
     SPLIT_K: tl.constexpr,  # num_splits > 1: write partial results for _merge_splits_kernel
-    KV_FORMAT: tl.constexpr,
+    KV_FORMAT: tl.constexpr,  # 0 auto, 1 fp8_e4m3, 2 int8, 3 int4
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -96,10 +103,12 @@ def _paged_decode_kernel(
     for tile in range(first_tile, end_tile):
         tokens = tile * TILE + tl.arange(0, TILE)
         t_mask = tokens < context_len
-        offsets = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        keys = _load_kv_tile(key_cache_ptr, offsets[:, None] + d[None, :], kv_mask, KV_FORMAT, DOT_IN_FP32)
-        values = _load_kv_tile(value_cache_ptr, offsets[:, None] + d[None, :], kv_mask, KV_FORMAT, DOT_IN_FP32)
+        kv_rows, kv_scale_rows = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch,
+                                                  stride_sb, stride_ss, stride_sh, BLOCK_SIZE)
+        keys = _load_kv_tile(key_cache_ptr, k_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
+                             stride_sg, KV_FORMAT).to(q.dtype)
+        values = _load_kv_tile(value_cache_ptr, v_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
+                               stride_sg, KV_FORMAT).to(q.dtype)
         scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
         scores = tl.where(t_mask[None, :], scores, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(scores, values, m_i, l_i, acc, DOT_PRECISION)
@@ -142,12 +151,13 @@ def _merge_splits_kernel(
     tl.store(out_ptr + seq * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale) -> float:
+def _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format="auto",
+                       k_scale=None, v_scale=None) -> float:
     check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
     check_unit_last_stride("query", query)
     num_seqs, num_heads, head_dim = query.shape
-    check_paged_cache(key_cache, value_cache, num_kv_heads=None, head_dim=head_dim, dtype=query.dtype,
-                      device=query.device)
+    check_kv_args(key_cache, value_cache, kv_format, k_scale, v_scale, num_kv_heads=None, head_dim=head_dim,
+                  dtype=query.dtype, device=query.device)
     check_gqa(num_heads, key_cache.shape[2])
     check_block_tables(block_tables, num_seqs, query.device)
     check_tensor("context_lens", context_lens, ndim=1, dtypes=INDEX_DTYPES, device=query.device)
@@ -169,14 +179,16 @@ def _choose_splits(device: torch.device, programs: int, max_tiles: int, num_spli
 
 def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                   block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
-                                  tile_size: int = DEFAULT_TILE, num_splits: int | None = None,
-                                  out: torch.Tensor | None = None) -> torch.Tensor:
+                                  kv_format: str = "auto", k_scale: torch.Tensor | None = None,
+                                  v_scale: torch.Tensor | None = None, tile_size: int = DEFAULT_TILE,
+                                  num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher of ``paged_decode_attention``; ``tile_size`` and ``num_splits`` are tuning knobs, ``out``
-    an optional preallocated output.
+    an optional preallocated output. Quantized caches are dequantized tile by tile in registers.
 
     ``num_splits=None`` picks flash-decoding splits from the SM count and the block table's width (not from the
     context lengths, which live on the device): a table much wider than the longest context wastes splits."""
-    scale = _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale)
+    scale = _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format, k_scale,
+                               v_scale)
     check_launchable(_paged_decode_kernel, query.device)
     if tile_size < 16 or tile_size & (tile_size - 1):
         raise ValueError(f"tile_size must be a power of two >= 16, got {tile_size}")
@@ -197,14 +209,14 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
     group = num_heads // num_kv_heads
     _paged_decode_kernel[(num_seqs, num_kv_heads, splits)](
         out_ptr=out, partial_out_ptr=partial_out, partial_lse_ptr=partial_lse, query_ptr=query,
-        key_cache_ptr=key_cache, value_cache_ptr=value_cache, block_tables_ptr=block_tables,
-        context_lens_ptr=context_lens, scale_log2=scale * LOG2_E, num_splits=splits, tiles_per_split=tiles_per_split,
+        block_tables_ptr=block_tables, context_lens_ptr=context_lens, scale_log2=scale * LOG2_E,
+        num_splits=splits, tiles_per_split=tiles_per_split,
         stride_qs=query.stride(0), stride_qh=query.stride(1), stride_os=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0),
         stride_cb=key_cache.stride(0), stride_cs=key_cache.stride(1), stride_ch=key_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size, BLOCK_G=next_pow2_at_least(group), BLOCK_D=block_d,
-        TILE=tile_size, SPLIT_K=splits > 1, KV_FORMAT=KV_FORMAT_NATIVE,
-        DOT_IN_FP32=_dot_in_fp32(query.dtype), DOT_PRECISION=dot_precision(query.dtype),
+        TILE=tile_size, SPLIT_K=splits > 1, DOT_IN_FP32=_dot_in_fp32(query.dtype),
+        DOT_PRECISION=dot_precision(query.dtype), **kv_kernel_args(kv_format, key_cache, value_cache, k_scale, v_scale),
     )
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](
@@ -221,45 +233,32 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and is_interpreted(_paged_decode_kernel))
 
 
-def gather_padded_kv(cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                     max_context: int, min_context: int) -> torch.Tensor:
-    """Each sequence's keys (or values) ``[num_seqs, max_context, num_kv_heads, head_dim]``, zero past its end.
-
-    One gather of whole blocks; table entries past a sequence's last block are garbage, so they read block 0
-    instead, and slots past the context (stale or NaN) are zeroed, because 0 * NaN poisons attention."""
-    num_seqs = block_tables.shape[0]
-    block_size = cache.shape[1]
-    num_blocks = -(-max_context // block_size)
-    needed = (context_lens.long() + block_size - 1) // block_size
-    columns = torch.arange(num_blocks, device=cache.device)
-    ids = torch.where(columns < needed[:, None], block_tables[:, :num_blocks].long(), 0)
-    gathered = cache.index_select(0, ids.flatten()).view(num_seqs, num_blocks * block_size, *cache.shape[2:])
-    gathered = gathered[:, :max_context]
-    if min_context < max_context:  # only the tail can hold slots past some sequence's end
-        tail = torch.arange(min_context, max_context, device=cache.device) >= context_lens[:, None]
-        gathered[:, min_context:].masked_fill_(tail[:, :, None, None], 0)
-    return gathered
-
-
 def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                                     block_tables: torch.Tensor, context_lens: torch.Tensor,
-                                     scale: float) -> torch.Tensor:
+                                     block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
+                                     kv_format: str = "auto", k_scale: torch.Tensor | None = None,
+                                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The specification: ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over keys ``0..context_lens[b]-1``.
 
-    query ``[num_seqs, num_heads, head_dim]``; caches ``[num_blocks, block_size, num_kv_heads, head_dim]``; key
-    ``t`` of sequence ``b`` sits in slot ``block_tables[b, t // block_size] * block_size + t % block_size``;
-    query head ``h`` reads KV head ``h // (num_heads // num_kv_heads)``. Returns ``[num_seqs, num_heads,
-    head_dim]`` in the query's dtype.
+    query ``[num_seqs, num_heads, head_dim]``; caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` (or a
+    quantized ``kv_format``'s layout, with its ``k_scale``/``v_scale``: ``kv_quant.cache_shapes``); key ``t`` of
+    sequence ``b`` sits in slot ``block_tables[b, t // block_size] * block_size + t % block_size``; query head
+    ``h`` reads KV head ``h // (num_heads // num_kv_heads)``. Returns ``[num_seqs, num_heads, head_dim]`` in the
+    query's dtype. Quantized keys and values are ``kv_quant.dequantize_kv`` of the stored ones, in the query's dtype.
 
-    Vectorized for the CPU engine: one gather into a padded batch, one SDPA call on 4-D inputs (3-D inputs fall
-    back to SDPA's slow math path). Measured on 2 shared cores (this repo's CI-class x86-64, torch 2.13), float32,
-    32 sequences, 9 query / 3 KV heads, head_dim 64, block 16, best of 100 calls: 3.5 ms with 512 keys each (no
-    mask needed); 4.2 ms with 472-512 keys (two gathers 0.6 ms each, masked SDPA 2.0 ms). Medians ran ~6.5 ms."""
+    Vectorized for the CPU engine: one gather into a padded batch (dequantized there), one SDPA call on 4-D inputs
+    (3-D inputs fall back to SDPA's slow math path). Measured on 2 shared cores (this repo's CI-class x86-64, torch
+    2.13), float32, 32 sequences, 9 query / 3 KV heads, head_dim 64, block 16, best of 100 calls: 3.5 ms with 512
+    keys each (no mask needed); 4.2 ms with 472-512 keys (two gathers 0.6 ms each, masked SDPA 2.0 ms). Medians
+    ran ~6.5 ms. {QUANT_COST}"""
+    if kv_format != "auto" or k_scale is not None or v_scale is not None:
+        _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format, k_scale,
+                           v_scale)
     if query.shape[0] == 0:
         return torch.empty_like(query)
     max_context, min_context = int(context_lens.max()), int(context_lens.min())
-    keys = gather_padded_kv(key_cache, block_tables, context_lens, max_context, min_context)
-    values = gather_padded_kv(value_cache, block_tables, context_lens, max_context, min_context)
+    gather = (block_tables, context_lens, max_context, min_context)
+    keys = gather_padded_values(key_cache, k_scale, kv_format, query.dtype, *gather)
+    values = gather_padded_values(value_cache, v_scale, kv_format, query.dtype, *gather)
     mask = None
     if min_context < max_context:
         mask = (torch.arange(max_context, device=query.device) < context_lens[:, None])[:, None, None, :]
@@ -269,8 +268,11 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
 
 
 def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                           block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
+                           kv_format: str = "auto", k_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one new token per sequence over its paged keys (see ``paged_decode_attention_reference``)."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
     if query.is_cuda:
-        return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens, scale)
-    return paged_decode_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale)
+        return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt)
+    return paged_decode_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt)

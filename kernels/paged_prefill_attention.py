@@ -25,7 +25,6 @@ from ._common import (
     check_dim,
     check_gqa,
     check_launchable,
-    check_paged_cache,
     check_scale,
     check_tensor,
     check_unit_last_stride,
@@ -36,7 +35,9 @@ from ._common import (
     tl,
     triton,
 )
-from ._paged_tiles import KV_FORMAT_NATIVE, _kv_tile_offsets, _load_kv_tile, _online_softmax_step
+from ._kv_args import check_kv_args, kv_kernel_args
+from ._paged_gather import sequence_values
+from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
 from .paged_decode_attention import paged_decode_attention_reference
 
 # Rows (query token x query head pairs) and keys per program. Untuned (no GPU measurement yet): the usual
@@ -71,8 +72,10 @@ def _find_sequence(
 def _paged_prefill_kernel(
     out_ptr,  # [total_query_tokens, num_heads, head_dim]
     query_ptr,  # [total_query_tokens, num_heads, head_dim]
-    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    value_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    key_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]; fp8 as uint8; int4 [..., head_dim // 2] uint8
+    value_cache_ptr,  # like key_cache_ptr
+    k_scale_ptr,  # fp8: [num_kv_heads] f32; int8: [num_blocks, block_size, num_kv_heads] f16; int4: [..., G, 2] f16
+    v_scale_ptr,  # like k_scale_ptr
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32/int64
     query_start_loc_ptr,  # [num_seqs + 1] int32/int64: cumulative query lengths
     context_lens_ptr,  # [num_seqs] int32/int64: keys per sequence, this chunk included
@@ -82,6 +85,7 @@ def _paged_prefill_kernel(
     stride_ot, stride_oh,  # out: token, head
     stride_bt,  # block_tables: sequence
     stride_cb, stride_cs, stride_ch,  # both caches: block, slot in block, KV head
+    stride_sb, stride_ss, stride_sh, stride_sg,  # both per-slot scales: block, slot, KV head, int4 group (else 0)
     HEAD_DIM: tl.constexpr,
     GROUP: tl.constexpr,  # query heads per KV head
     BLOCK_SIZE: tl.constexpr,  # cache block size
@@ -89,7 +93,7 @@ def _paged_prefill_kernel(
     BLOCK_Q: tl.constexpr,  # query tokens per program = BLOCK_M // GROUP
     BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two >= 16
     TILE: tl.constexpr,  # keys per iteration
-    KV_FORMAT: tl.constexpr,
+    KV_FORMAT: tl.constexpr,  # 0 auto, 1 fp8_e4m3, 2 int8, 3 int4
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -126,10 +130,12 @@ def _paged_prefill_kernel(
     for tile in range(0, tl.cdiv(end_key, TILE)):
         tokens = tile * TILE + tl.arange(0, TILE)
         t_mask = tokens < end_key
-        offsets = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch, BLOCK_SIZE)
-        kv_mask = t_mask[:, None] & d_mask[None, :]
-        keys = _load_kv_tile(key_cache_ptr, offsets[:, None] + d[None, :], kv_mask, KV_FORMAT, DOT_IN_FP32)
-        values = _load_kv_tile(value_cache_ptr, offsets[:, None] + d[None, :], kv_mask, KV_FORMAT, DOT_IN_FP32)
+        kv_rows, kv_scale_rows = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch,
+                                                  stride_sb, stride_ss, stride_sh, BLOCK_SIZE)
+        keys = _load_kv_tile(key_cache_ptr, k_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
+                             stride_sg, KV_FORMAT).to(q.dtype)
+        values = _load_kv_tile(value_cache_ptr, v_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
+                               stride_sg, KV_FORMAT).to(q.dtype)
         scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
         visible = (tokens[None, :] <= positions[:, None]) & t_mask[None, :]
         scores = tl.where(visible, scores, float("-inf"))
@@ -140,12 +146,13 @@ def _paged_prefill_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
-def _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale) -> float:
+def _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale,
+                        kv_format="auto", k_scale=None, v_scale=None) -> float:
     check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
     check_unit_last_stride("query", query)
     _, num_heads, head_dim = query.shape
-    check_paged_cache(key_cache, value_cache, num_kv_heads=None, head_dim=head_dim, dtype=query.dtype,
-                      device=query.device)
+    check_kv_args(key_cache, value_cache, kv_format, k_scale, v_scale, num_kv_heads=None, head_dim=head_dim,
+                  dtype=query.dtype, device=query.device)
     check_gqa(num_heads, key_cache.shape[2])
     check_tensor("context_lens", context_lens, ndim=1, dtypes=INDEX_DTYPES, device=query.device)
     num_seqs = context_lens.shape[0]
@@ -157,13 +164,16 @@ def _check_prefill_args(query, key_cache, value_cache, block_tables, query_start
 
 def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                                   context_lens: torch.Tensor, scale: float, *, block_m: int = DEFAULT_BLOCK_M,
-                                   tile_size: int = DEFAULT_TILE, out: torch.Tensor | None = None) -> torch.Tensor:
+                                   context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
+                                   k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                                   block_m: int = DEFAULT_BLOCK_M, tile_size: int = DEFAULT_TILE,
+                                   out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher of ``paged_prefill_attention``; ``block_m`` and ``tile_size`` are tuning knobs, ``out`` an
-    optional preallocated output.
+    optional preallocated output. Quantized caches are dequantized tile by tile in registers.
 
     ``query_start_loc[-1]`` must equal ``query.shape[0]``: it lives on the device, so it is not checked here."""
-    scale = _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale)
+    scale = _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale,
+                                kv_format, k_scale, v_scale)
     check_launchable(_paged_prefill_kernel, query.device)
     for name, value in (("block_m", block_m), ("tile_size", tile_size)):
         if value < 16 or value & (value - 1):
@@ -179,15 +189,14 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
     block_q = block_m // group
     grid = (total_tokens // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
-        out_ptr=out, query_ptr=query, key_cache_ptr=key_cache, value_cache_ptr=value_cache,
-        block_tables_ptr=block_tables, query_start_loc_ptr=query_start_loc, context_lens_ptr=context_lens,
-        num_seqs=num_seqs, scale_log2=scale * LOG2_E,
+        out_ptr=out, query_ptr=query, block_tables_ptr=block_tables, query_start_loc_ptr=query_start_loc,
+        context_lens_ptr=context_lens, num_seqs=num_seqs, scale_log2=scale * LOG2_E,
         stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0),
         stride_cb=key_cache.stride(0), stride_cs=key_cache.stride(1), stride_ch=key_cache.stride(2),
         HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_D=next_pow2_at_least(head_dim), TILE=tile_size, KV_FORMAT=KV_FORMAT_NATIVE,
-        DOT_IN_FP32=_dot_in_fp32(query.dtype), DOT_PRECISION=dot_precision(query.dtype),
+        BLOCK_D=next_pow2_at_least(head_dim), TILE=tile_size, DOT_IN_FP32=_dot_in_fp32(query.dtype),
+        DOT_PRECISION=dot_precision(query.dtype), **kv_kernel_args(kv_format, key_cache, value_cache, k_scale, v_scale),
     )
     return out
 
@@ -197,18 +206,10 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and is_interpreted(_paged_prefill_kernel))
 
 
-def _sequence_kv(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """One sequence's keys (or values) as ``[1, num_kv_heads, context_len, head_dim]``."""
-    num_blocks = -(-context_len // cache.shape[1])
-    kv = cache.index_select(0, block_table[:num_blocks].long()).flatten(0, 1)[:context_len]
-    return kv.transpose(0, 1).unsqueeze(0)
-
-
-def _chunk_attention(query, key_cache, value_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
-    """Attention of one sequence's chunk ``[q_len, num_heads, head_dim]`` over its first ``context_len`` keys."""
-    q_len = query.shape[0]
-    keys = _sequence_kv(key_cache, block_table, context_len)
-    values = _sequence_kv(value_cache, block_table, context_len)
+def _chunk_attention(query, keys, values, scale: float) -> torch.Tensor:
+    """Attention of one sequence's chunk ``[q_len, num_heads, head_dim]`` over its keys/values ``[1, num_kv_heads,
+    context_len, head_dim]``, causal inside the chunk."""
+    q_len, context_len = query.shape[0], keys.shape[2]
     q = query.transpose(0, 1).unsqueeze(0)
     if q_len == context_len:  # no cached prefix: plain causal (SDPA aligns is_causal to the top-left corner)
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
@@ -221,14 +222,19 @@ def _chunk_attention(query, key_cache, value_cache, block_table, context_len: in
 
 def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                       block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                                      context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                                      context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
+                                      k_scale: torch.Tensor | None = None,
+                                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The specification: query ``i`` of sequence ``b`` (row ``query_start_loc[b] + i``) sits at position
     ``p = context_lens[b] - q_len_b + i`` and attends to keys ``0..p`` of its sequence, read through the block
-    table as in ``paged_decode_attention_reference``. Query head ``h`` reads KV head ``h // (num_heads //
-    num_kv_heads)``. Returns ``[total_query_tokens, num_heads, head_dim]`` in the query's dtype.
+    table as in ``paged_decode_attention_reference`` (quantized formats likewise). Query head ``h`` reads KV head
+    ``h // (num_heads // num_kv_heads)``. Returns ``[total_query_tokens, num_heads, head_dim]`` in the query's dtype.
 
     For the CPU engine, single-token rows go through the batched decode reference in one call; longer chunks
-    run one SDPA each, over only the blocks they need."""
+    run one SDPA each, over only the blocks they need (dequantized first for quantized formats)."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
+    if kv_format != "auto" or k_scale is not None or v_scale is not None:
+        _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     starts = query_start_loc.tolist()
     context = context_lens.tolist()
@@ -238,20 +244,24 @@ def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tens
         index = torch.tensor(singles, device=query.device)
         rows = query_start_loc[index].long()
         out[rows] = paged_decode_attention_reference(query[rows], key_cache, value_cache, block_tables[index],
-                                                     context_lens[index], scale)
+                                                     context_lens[index], scale, **fmt)
     for b, n in enumerate(q_lens):
         if n > 1:
             rows = slice(starts[b], starts[b] + n)
-            out[rows] = _chunk_attention(query[rows], key_cache, value_cache, block_tables[b], context[b], scale)
+            keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_tables[b], context[b])
+            values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_tables[b], context[b])
+            out[rows] = _chunk_attention(query[rows], keys, values, scale)
     return out
 
 
 def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
-                            scale: float) -> torch.Tensor:
+                            scale: float, *, kv_format: str = "auto", k_scale: torch.Tensor | None = None,
+                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of a flat batch of query chunks over their paged keys (see the reference)."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
     if query.is_cuda:
         return paged_prefill_attention_triton(query, key_cache, value_cache, block_tables, query_start_loc,
-                                              context_lens, scale)
+                                              context_lens, scale, **fmt)
     return paged_prefill_attention_reference(query, key_cache, value_cache, block_tables, query_start_loc,
-                                             context_lens, scale)
+                                             context_lens, scale, **fmt)

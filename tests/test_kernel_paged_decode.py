@@ -176,7 +176,7 @@ def _bad(case: str):
 @pytest.mark.parametrize(("case", "message"), [
     ("query 2-D", "query must have 3 dimensions"),
     ("query dtype", "query has dtype torch.float64"),
-    ("cache dtype", "quantized KV formats are not implemented"),
+    ("cache dtype", "with kv_format .auto. the cache must hold the activations. dtype"),
     ("head_dim", r"key_cache.shape\[3\] is 64 but must equal head_dim \(32\)"),
     ("gqa", r"num_heads \(8\) must be a multiple of num_kv_heads \(3\)"),
     ("table dtype", "block_tables has dtype torch.float32"),

@@ -153,7 +153,7 @@ def _bad(case: str):
 
 @pytest.mark.parametrize(("case", "message"), [
     ("query 4-D", "query must have 3 dimensions"),
-    ("cache dtype", "quantized KV formats are not implemented"),
+    ("cache dtype", "with kv_format .auto. the cache must hold the activations. dtype"),
     ("gqa", r"num_heads \(8\) must be a multiple of num_kv_heads \(3\)"),
     ("starts length", r"query_start_loc.shape\[0\] is 7 but must equal len\(context_lens\) \+ 1 \(8\)"),
     ("starts dtype", "query_start_loc has dtype torch.float32"),

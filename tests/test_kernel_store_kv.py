@@ -115,7 +115,7 @@ def _bad(case: str):
     ("key 2-D", "key must have 3 dimensions"),
     ("value dtype", "value has dtype torch.float16"),
     ("value shape", "value shape"),
-    ("cache dtype", "quantized KV formats are not implemented"),
+    ("cache dtype", "with kv_format .auto. the cache must hold the activations. dtype"),
     ("cache heads", r"key_cache.shape\[2\] is 2 but must equal num_kv_heads \(3\)"),
     ("caches differ", "must match"),
     ("slot dtype", "slot_mapping has dtype torch.float32"),

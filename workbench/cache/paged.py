@@ -1,8 +1,11 @@
-"""The physical paged KV cache: per layer, one key and one value tensor of fixed-size blocks.
+"""The physical paged KV cache: per layer, key and value tensors of fixed-size blocks (and their scales).
 
-Layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``. Which block belongs to which sequence
-is the block manager's business (`workbench.cache.block_manager`, pure bookkeeping); this module only owns the
-memory, reports what it allocated, and copies blocks when the block manager asks for copy-on-write.
+Layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the cache's storage format (see
+``workbench_kernels.kv_quant``): the model dtype for ``auto``, float8 with a static per-head scale for
+``fp8_e4m3``, int8 with one scale per token and head for ``int8``, packed int4 with a scale and zero point per
+group of 32 for ``int4``. Which block belongs to which sequence is the block manager's business
+(`workbench.cache.block_manager`); this module owns the memory, reports what it allocated, and copies blocks
+when the block manager asks for copy-on-write.
 """
 
 from __future__ import annotations
@@ -10,38 +13,61 @@ from __future__ import annotations
 import torch
 
 from workbench.config import ModelSpec
+from workbench_kernels.kv_quant import allocate_cache, cache_shapes
 
 
 class PagedKVCache:
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", kv_format: str = "auto"):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
-        shape = (num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
-        self.key = [torch.empty(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
-        self.value = [torch.empty(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
-        self.num_blocks, self.block_size = num_blocks, block_size
+        self.num_blocks, self.block_size, self.kv_format = num_blocks, block_size, kv_format
         self.dtype, self.device = dtype, torch.device(device)
+        self.key: list[torch.Tensor] = []
+        self.value: list[torch.Tensor] = []
+        self.key_scale: list[torch.Tensor | None] = []
+        self.value_scale: list[torch.Tensor | None] = []
+        for _ in range(spec.num_layers):
+            key, key_scale = self._allocate(spec)
+            value, value_scale = self._allocate(spec)
+            self.key.append(key)
+            self.value.append(value)
+            self.key_scale.append(key_scale)
+            self.value_scale.append(value_scale)
+        self._per_slot_scales = cache_shapes(kv_format, 1, 1, spec.num_kv_heads, spec.head_dim)["scale_per_slot"]
+
+    def _allocate(self, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return allocate_cache(self.kv_format, self.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim,
+                              self.dtype, self.device)
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [t for t in (*self.key, *self.value, *self.key_scale, *self.value_scale) if t is not None]
 
     @property
     def allocated_bytes(self) -> int:
-        """Bytes actually held by the cache tensors (what the engine reports as allocated)."""
-        return sum(t.numel() * t.element_size() for t in (*self.key, *self.value))
+        """Bytes actually held by the cache tensors, scales included (what the engine reports as allocated)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
 
     @property
     def bytes_per_block(self) -> int:
         return self.allocated_bytes // self.num_blocks
 
+    def set_static_scales(self, key_scales: list[torch.Tensor], value_scales: list[torch.Tensor]) -> None:
+        """Per-layer ``[num_kv_heads]`` scales of an fp8 cache (from `workbench.cache.calibration`)."""
+        if self.kv_format != "fp8_e4m3":
+            raise ValueError(f"static scales belong to fp8_e4m3 caches, this one is {self.kv_format!r}")
+        for layer, (k, v) in enumerate(zip(key_scales, value_scales, strict=True)):
+            self.key_scale[layer].copy_(k)
+            self.value_scale[layer].copy_(v)
+
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy whole blocks ``src -> dst`` in every layer (copy-on-write after a fork)."""
+        """Copy whole blocks ``src -> dst`` in every layer (copy-on-write), per-slot scales included."""
         if not pairs:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
-        for layer in (*self.key, *self.value):
-            layer[dst] = layer[src]
-
-    def poison(self, value: float = float("nan")) -> None:
-        """Fill every slot (tests: a read of a slot nobody wrote then shows up as NaN)."""
-        for t in (*self.key, *self.value):
-            t.fill_(value)
+        tensors = [*self.key, *self.value]
+        if self._per_slot_scales:
+            tensors += [*self.key_scale, *self.value_scale]
+        for t in tensors:
+            t[dst] = t[src]

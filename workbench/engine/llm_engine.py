@@ -22,9 +22,10 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.cache.block_manager import BlockManager
+from workbench.cache.calibration import calibration_ids, fp8_scales
 from workbench.cache.paged import PagedKVCache
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
-from workbench.engine.cache_setup import kv_cache_dtype, num_blocks_for
+from workbench.engine.cache_setup import kv_format_for, num_blocks_for
 from workbench.engine.model_runner import ForwardResult, ModelRunner
 from workbench.engine.outputs import RequestOutput
 from workbench.engine.requests import Request, build_output, new_request
@@ -46,8 +47,11 @@ class LLMEngine:
         self.cache_config = cache_config or CacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
         num_blocks = num_blocks_for(model, self.cache_config, self.scheduler_config)
-        self.cache = PagedKVCache(model.spec, num_blocks, self.cache_config.block_size,
-                                  dtype=kv_cache_dtype(self.cache_config, model.dtype), device=model.device)
+        kv_format = kv_format_for(self.cache_config, model.dtype)
+        self.cache = PagedKVCache(model.spec, num_blocks, self.cache_config.block_size, dtype=model.dtype,
+                                  device=model.device, kv_format=kv_format)
+        if kv_format == "fp8_e4m3":
+            self.cache.set_static_scales(*fp8_scales(model, calibration_ids(model, tokenizer)))
         self.blocks = BlockManager(num_blocks, self.cache_config.block_size,
                                    enable_prefix_caching=self.cache_config.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.blocks)

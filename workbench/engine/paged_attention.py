@@ -42,15 +42,17 @@ class PagedAttention:
         self._prefill_starts = meta.query_start_loc[d:] - d  # prefill rows start after the decode rows
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        meta, d = self.meta, self.meta.num_decode_seqs
-        key_cache, value_cache = self.cache.key[layer], self.cache.value[layer]
-        store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        meta, d, cache = self.meta, self.meta.num_decode_seqs, self.cache
+        key_cache, value_cache = cache.key[layer], cache.value[layer]
+        fmt = {"kv_format": cache.kv_format, "k_scale": cache.key_scale[layer], "v_scale": cache.value_scale[layer]}
+        store_kv(k, v, key_cache, value_cache, meta.slot_mapping, **fmt)
         if d == meta.num_seqs:
-            return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale)
+            return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale,
+                                          **fmt)
         prefill = paged_prefill_attention(q[d:], key_cache, value_cache, meta.block_tables[d:], self._prefill_starts,
-                                          meta.context_lens[d:], self.scale)
+                                          meta.context_lens[d:], self.scale, **fmt)
         if d == 0:
             return prefill
         decode = paged_decode_attention(q[:d], key_cache, value_cache, meta.block_tables[:d], meta.context_lens[:d],
-                                        self.scale)
+                                        self.scale, **fmt)
         return torch.cat([decode, prefill])
