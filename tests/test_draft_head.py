@@ -1,0 +1,121 @@
+"""The trained speculative-decoding draft: the committed weights load, honour the engine's interface, attend
+through any backend alike, train the way they draft, and still predict the target on held-out prompts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workbench.cache.contiguous import ContiguousKVCache
+from workbench.data import load_prompts
+from workbench.models.attention import NoCacheAttention
+from workbench.spec.draft_data import DraftSample, target_outputs
+from workbench.spec.draft_eval import acceptance_on_samples, evaluate_acceptance
+from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, load_draft
+from workbench.spec.draft_losses import UnrolledAttention, make_batch
+from workbench.spec.draft_training import TrainConfig, init_draft, train_draft
+
+
+@pytest.fixture(scope="module")
+def draft(real_model):
+    return load_draft(real_model)
+
+
+@pytest.fixture(scope="module")
+def sample(real_model, tokenizer) -> DraftSample:
+    text = "The quick brown fox jumps over the lazy dog, and then it runs into the forest to hide."
+    seq = tokenizer(text, add_special_tokens=False)["input_ids"]
+    (features, top_ids, top_probs), = target_outputs(real_model, [seq])
+    return DraftSample(torch.tensor(seq), 4, features, top_ids, top_probs)
+
+
+def _run(draft, ids, feats, positions, backend):
+    return draft(ids, feats, positions, backend) if draft.needs_target_features else draft(ids, positions, backend)
+
+
+def test_committed_draft_fits_and_describes_its_cache(draft, real_model):
+    assert DEFAULT_DRAFT_PATH.stat().st_size <= 20 * 2**20
+    spec = draft.spec
+    assert spec.num_layers == len(draft.layers) and 1 <= spec.num_layers <= 2
+    assert (spec.num_kv_heads, spec.head_dim, spec.hidden_size) == (3, 64, 576)
+    assert draft.attention_scale == pytest.approx(64 ** -0.5)
+    assert draft.metadata["seed"] == "0" and "draft_training" in draft.metadata["command"]
+    # the shared weights are the target's own tensors, not copies
+    assert not any(p.data_ptr() == real_model.embed_tokens.weight.data_ptr() for p in draft.draft_state_dict().values())
+
+
+def test_forward_shapes_and_logits(draft, sample):
+    t = 7
+    ids, feats, pos = sample.tokens[1:t + 1], sample.features[:t], torch.arange(t)
+    hidden = _run(draft, ids, feats, pos, NoCacheAttention([t], draft.attention_scale))
+    assert hidden.shape == (t, 576) and hidden.dtype == torch.float32
+    logits = draft.compute_logits(hidden)
+    assert logits.shape == (t, 49152) and logits.dtype == torch.float32 and torch.isfinite(logits).all()
+
+
+def test_no_cache_equals_cached_decoding(draft, sample):
+    """A whole-sequence forward without a cache equals a 6-token prefill plus 1-token steps over a KV cache."""
+    n = 12
+    ids, feats, pos = sample.tokens[1:n + 1], sample.features[:n], torch.arange(n)
+    whole = _run(draft, ids, feats, pos, NoCacheAttention([n], draft.attention_scale))
+    cache = ContiguousKVCache(draft.spec, max_batch=2, max_len=n)
+    parts = [_run(draft, ids[:6], feats[:6], pos[:6], cache.attention([1], [0], [6]))]
+    for j in range(6, n):
+        parts.append(_run(draft, ids[j:j + 1], feats[j:j + 1], pos[j:j + 1], cache.attention([1], [j], [1])))
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-4, atol=1e-4)
+
+
+def test_unrolled_training_sees_what_drafting_sees(real_model, sample):
+    """Step s of the unrolled training forward equals drafting s tokens from a KV cache (teacher-forced)."""
+    head = init_draft(real_model, TrainConfig(kind="eagle", unroll=3)).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # off the identity start, so every input matters
+        rows = len(sample.tokens) - 1
+        batch = make_batch([sample, sample])
+        attention = UnrolledAttention(2, rows, head.attention_scale)
+        feats, preds = batch.features[:, :-1].reshape(2 * rows, -1), []
+        for _ in range(3):
+            pred = head(batch.tokens[:, 1:].reshape(-1), feats, torch.arange(rows).repeat(2), attention)
+            preds.append(pred.view(2, rows, -1)[1])
+            feats = F.pad(pred.view(2, rows, -1), (0, 0, 1, 0))[:, :rows].reshape(2 * rows, -1)
+        c = 5  # the chain starts at row c: rows 0..c come from the target's features
+        cache = ContiguousKVCache(head.spec, max_batch=1, max_len=rows)
+        h = head(sample.tokens[1:c + 2], sample.features[:c + 1], torch.arange(c + 1),
+                 cache.attention([0], [0], [c + 1]))[-1:]
+        for step in range(1, 3):
+            p = c + step
+            h = head(sample.tokens[p + 1:p + 2], h, torch.tensor([p]), cache.attention([0], [p], [1]))
+            torch.testing.assert_close(h[0], preds[step][p], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "layers"])
+def test_training_runs_two_steps(real_model, sample, kind):
+    cfg = TrainConfig(kind=kind, num_layers=1, init_layers=(0,), unroll=2, epochs=2, batch_tokens=64, warmup_steps=1)
+    draft, log = train_draft(real_model, [sample, sample], cfg, max_steps=2, progress=False)
+    assert log["steps"] == 2 and all(torch.isfinite(torch.tensor(h["loss"])) for h in log["history"])
+    changed = not torch.equal(draft.layers[0].down_proj.weight, real_model.layers[0].down_proj.weight)
+    assert changed and not draft.training
+
+
+def test_acceptance_replay_counts(draft, sample):
+    result = acceptance_on_samples(draft, [sample], k=4)
+    assert len(result["per_position"]) == 4
+    assert result["per_position"] == sorted(result["per_position"], reverse=True)  # cumulative: never rises
+    assert result["acceptance"] == pytest.approx(sum(result["per_position"]) / 4)
+
+
+@pytest.mark.slow
+def test_heldout_acceptance(real_model, tokenizer, draft):
+    """The committed draft measured 0.082 per-token acceptance at K=4 on the 40 held-out prompts (0.24 at the
+    first position; datasets/drafts/README.md), short of the 0.5 it was meant to reach. This guards what it
+    does reach: an untrained head accepts ~0, so a broken file or loader falls below the floor."""
+    prompts = load_prompts("draft_heldout")[:3]
+    result = evaluate_acceptance(real_model, draft, tokenizer, prompts, k=4, max_tokens=64)
+    assert result["acceptance"] > 0.03 and result["per_position"][0] > 0.1, result
+
+
+def test_missing_weights_say_how_to_make_them(real_model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="draft_training"):
+        load_draft(real_model, tmp_path / "none.safetensors")
