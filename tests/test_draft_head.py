@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.contiguous import ContiguousKVCache
 from workbench.data import load_prompts
 from workbench.models.attention import NoCacheAttention
@@ -119,3 +120,24 @@ def test_heldout_acceptance(real_model, tokenizer, draft):
 def test_missing_weights_say_how_to_make_them(real_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="draft_training"):
         load_draft(real_model, tmp_path / "none.safetensors")
+
+
+def test_committed_draft_drafts_after_a_prefix_cache_hit(real_model, tokenizer, draft):
+    """The second request shares the chat template's first blocks with the first: the head has no target
+    features for those positions and must start after them (it once stopped drafting for every later request)."""
+    from workbench.config import SamplingParams, SpecConfig
+    from workbench.engine.llm_engine import LLMEngine
+
+    prompts = ["Name three rivers in Europe.", "Give two tips for learning to cook."]
+    params = SamplingParams(max_tokens=12)
+    plain = LLMEngine(real_model, tokenizer)
+    expected = [plain.generate([p], params, progress=False)[0].token_ids for p in prompts]
+    engine = LLMEngine(real_model, tokenizer, spec_config=SpecConfig("draft", 3), draft_model=draft)
+    for prompt, tokens in zip(prompts, expected, strict=True):
+        engine.metrics.reset()
+        assert engine.generate([prompt], params, progress=False)[0].token_ids == tokens
+        request = engine.metrics.request_frame().iloc[0]
+        assert request["drafted_tokens"] > 0, request
+    assert request["cached_prompt_tokens"] > 0
+    check_block_manager(engine.blocks)
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks, "blocks leaked"

@@ -84,7 +84,7 @@ class DraftProposer:
     def _catch_up_plan(self, seq) -> tuple[BatchEntry, torch.Tensor | None] | None:
         """The draft's first forward for ``seq``: every real position it lacks (None if it cannot draft)."""
         tokens, seq_id = seq.token_ids, seq.seq_id
-        valid = self._checked_valid(seq_id)
+        valid = self._checked_valid(seq)
         if not self.needs_target_features:
             return BatchEntry(seq_id, valid, tokens[valid:]), None
         first, feats = self._features.get(seq_id, (0, None))
@@ -93,9 +93,18 @@ class DraftProposer:
             return None
         return BatchEntry(seq_id, valid, tokens[valid + 1: end + 1]), feats[valid - first: end - first]
 
-    def _checked_valid(self, seq_id: int) -> int:
-        """Valid positions, cut back to the first block whose id changed since the KV was written."""
-        valid, table = self._valid.get(seq_id, 0), self.blocks.block_table(seq_id)
+    def _checked_valid(self, seq) -> int:
+        """Valid positions, cut back to the first block whose id changed since the KV was written.
+
+        A sequence the draft has not seen yet starts after its prefix-cache hit: those blocks are shared with
+        the sequence that computed them, whose draft wrote its KV into them then. (For a head, the last cached
+        position's KV paired its feature with that sequence's next token, which may differ: a slightly worse
+        draft at worst, never a wrong output, since the target verifies every token.)"""
+        seq_id = seq.seq_id
+        if seq_id not in self._valid:
+            self._valid[seq_id] = seq.num_cached_prompt_tokens
+            self._tables[seq_id] = self.blocks.block_table(seq_id)
+        valid, table = self._valid[seq_id], self.blocks.block_table(seq_id)
         old = self._tables.get(seq_id, [])
         size = self.cache.block_size
         for index in range(-(-valid // size)):

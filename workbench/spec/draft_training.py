@@ -115,8 +115,8 @@ def train_draft(target: LlamaModel, samples: list[DraftSample], cfg: TrainConfig
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        history.append({"loss": float(loss), "top1": accs})
-        bar.set_postfix(loss=f"{float(loss):.3f}", top1="/".join(f"{a:.2f}" for a in accs))
+        history.append({"loss": float(loss.detach()), "top1": accs})
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", top1="/".join(f"{a:.2f}" for a in accs))
     draft.eval().requires_grad_(False)
     draft.prepare()
     return draft, {"steps": len(plan), "train_s": time.perf_counter() - start, "history": history}
