@@ -1,0 +1,111 @@
+"""Speculative decoding on CPU, side by side in one run: plain decoding vs prompt lookup vs the trained draft.
+
+Greedy, fp32, the real SmolLM2-135M. Three measurements:
+
+1. **Batch 1, input-grounded tasks** (`datasets/prompts/grounded.json`: edit, extract, reformat a given text,
+   where answers copy spans of the prompt): output tokens/s of each method, one request at a time, and the
+   acceptance statistics beside the formula (1 - a^(K+1)) / (1 - a).
+2. **Batch 1, held-out chat prompts** (`datasets/prompts/draft_heldout.json`): the same for open-ended answers,
+   where prompt lookup has little to copy and the trained draft has to predict.
+3. **Batch sizes 1, 4, 16** on the grounded tasks: tokens/s of each method relative to plain decoding at the
+   same batch size. Verification costs K+1 positions per sequence; at batch 1 the step is bound by reading the
+   weights, so the extra positions are nearly free, but a batch already amortises the weights and the extra
+   positions cost real compute, so the gain shrinks as the batch grows.
+
+Every speculative run is checked token for token against plain decoding.
+
+    .venv/bin/python benchmarks/bench_spec_decode.py [--max-tokens 96] [--k 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import pandas as pd
+
+import workbench
+from workbench.config import SamplingParams, SchedulerConfig, SpecConfig
+from workbench.data import load_prompts
+from workbench.engine.llm_engine import LLMEngine
+from workbench.spec.draft_head import load_draft
+
+METHODS = ("plain", "ngram", "draft")
+
+
+def make_engine(model, tokenizer, draft, method: str, k: int, max_num_seqs: int) -> LLMEngine:
+    spec = None if method == "plain" else SpecConfig(method=method, num_speculative_tokens=k)
+    return LLMEngine(model, tokenizer, spec_config=spec, draft_model=draft if method == "draft" else None,
+                     scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024))
+
+
+def run(engine: LLMEngine, prompts: list[str], params: SamplingParams, batch: int) -> tuple[list[list[int]], float]:
+    """Token ids per prompt and wall seconds, feeding ``batch`` prompts to the engine at a time."""
+    outputs, start = [], time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        outputs += [o.token_ids for o in engine.generate(prompts[i:i + batch], params, progress=False)]
+    return outputs, time.perf_counter() - start
+
+
+def compare(model, tokenizer, draft, prompts: list[str], params: SamplingParams, k: int, batch: int,
+            methods=METHODS) -> pd.DataFrame:
+    rows, baseline = [], None
+    for method in methods:
+        engine = make_engine(model, tokenizer, draft, method, k, max(batch, 1))
+        run(engine, prompts[:1], SamplingParams(max_tokens=8), 1)  # warm-up (allocations, oneDNN)
+        engine.metrics.reset()
+        tokens, seconds = run(engine, prompts, params, batch)
+        if baseline is None:
+            baseline = tokens
+        elif tokens != baseline:
+            raise AssertionError(f"{method} changed the greedy output at batch {batch}")
+        n = sum(map(len, tokens))
+        stats = engine.metrics.spec_counters().summary(k) if method != "plain" else {}
+        rows.append({"method": method, "batch": batch, "output_tokens": n, "seconds": round(seconds, 2),
+                     "tokens_per_s": n / seconds, **{key: stats.get(key, float("nan")) for key in (
+                         "acceptance_rate", "mean_accepted_length", "tokens_per_pass_measured",
+                         "tokens_per_pass_theory")}})
+    frame = pd.DataFrame(rows)
+    frame["speedup"] = frame["tokens_per_s"] / frame.loc[frame["method"] == "plain", "tokens_per_s"].iloc[0]
+    return frame
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--chat-prompts", type=int, default=8, help="held-out chat prompts used in part 2")
+    args = parser.parse_args()
+    model, tokenizer = workbench.load_model(device="cpu")
+    draft = load_draft(model)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    grounded = load_prompts("grounded")
+    chat = load_prompts("draft_heldout")[:args.chat_prompts]
+    pd.set_option("display.width", 200)
+
+    print(f"== batch 1, input-grounded tasks ({len(grounded)} prompts, {args.max_tokens} tokens, K={args.k})")
+    part1 = compare(model, tokenizer, draft, grounded, params, args.k, batch=1)
+    print(part1.round(3).to_string(index=False))
+    print(f"\n== batch 1, held-out chat prompts ({len(chat)})")
+    part2 = compare(model, tokenizer, draft, chat, params, args.k, batch=1)
+    print(part2.round(3).to_string(index=False))
+
+    print("\n== speedup against batch size (grounded tasks, 16 prompts: each task twice)")
+    sixteen = (grounded * 2)[:16]
+    part3 = pd.concat([compare(model, tokenizer, draft, sixteen, params, args.k, batch=b) for b in (1, 4, 16)])
+    print(part3.round(3).to_string(index=False))
+    pivot = part3.pivot(index="batch", columns="method", values="speedup")
+    print(pivot.round(2).to_string())
+
+    speed = lambda frame, m: round(float(frame.loc[frame["method"] == m, "speedup"].iloc[0]), 3)  # noqa: E731
+    print(json.dumps({
+        "grounded_batch1_speedup": {m: speed(part1, m) for m in METHODS},
+        "chat_batch1_speedup": {m: speed(part2, m) for m in METHODS},
+        "draft_acceptance_chat": round(float(part2.loc[part2["method"] == "draft", "acceptance_rate"].iloc[0]), 3),
+        "speedup_by_batch": {int(b): {m: round(float(v), 3) for m, v in row.items()} for b, row in pivot.iterrows()},
+    }))
+
+
+if __name__ == "__main__":
+    main()
