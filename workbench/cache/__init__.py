@@ -1,0 +1,11 @@
+"""The KV cache and everything that decides its size.
+
+- ``sizing.py``, ``kv_formats.py``: bytes per token for a config and a KV format (MHA/GQA/MQA/sliding window,
+  scales included), block budgets and concurrency; pure arithmetic, nothing allocated.
+- ``contiguous.py``: one pre-allocated max-length buffer per sequence (the chapter-2 baseline).
+- ``paged.py``: the block pool tensors the kernels read and write, in any KV format.
+- ``block_pool.py``, ``block_manager.py``, ``prefix_cache.py``, ``block_invariants.py``: block tables,
+  reference counts, copy-on-write, hashing of full blocks for prefix reuse, LRU eviction, and the leak checks.
+- ``calibration.py``: static fp8 scales per layer and KV head, from held-in text.
+- ``memory_compare.py``: reserved vs used bytes, contiguous vs paged, for a list of request lengths.
+"""
