@@ -33,10 +33,10 @@ from ._common import (
     triton,
 )
 from ._kv_args import check_kv_args, kv_kernel_args
-from ._paged_gather import gather_padded_kv, gather_padded_values
+from ._paged_gather import DecodeGatherPlan, decode_gather_plan, gather_padded_kv, planned_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
 
-__all__ = ["gather_padded_kv", "paged_decode_attention", "paged_decode_attention_reference",
+__all__ = ["decode_gather_plan", "gather_padded_kv", "paged_decode_attention", "paged_decode_attention_reference",
            "paged_decode_attention_triton"]
 
 # Keys per loop iteration. Untuned (no GPU measurement yet; benchmarks/bench_decode_kernel.py --tile measures it):
@@ -236,7 +236,8 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
 def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                                      kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                                     v_scale: torch.Tensor | None = None,
+                                     plan: DecodeGatherPlan | None = None) -> torch.Tensor:
     """The specification: ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over keys ``0..context_lens[b]-1``.
 
     query ``[num_seqs, num_heads, head_dim]``; caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` (or a
@@ -255,13 +256,11 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
                            v_scale)
     if query.shape[0] == 0:
         return torch.empty_like(query)
-    max_context, min_context = int(context_lens.max()), int(context_lens.min())
-    gather = (block_tables, context_lens, max_context, min_context)
-    keys = gather_padded_values(key_cache, k_scale, kv_format, query.dtype, *gather)
-    values = gather_padded_values(value_cache, v_scale, kv_format, query.dtype, *gather)
-    mask = None
-    if min_context < max_context:
-        mask = (torch.arange(max_context, device=query.device) < context_lens[:, None])[:, None, None, :]
+    if plan is None:
+        plan = decode_gather_plan(block_tables, context_lens, key_cache.shape[1])
+    keys = planned_values(key_cache, k_scale, kv_format, query.dtype, plan)
+    values = planned_values(value_cache, v_scale, kv_format, query.dtype, plan)
+    mask = plan.mask
     out = F.scaled_dot_product_attention(query.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
                                          attn_mask=mask, scale=scale, enable_gqa=True)
     return out.squeeze(2)
@@ -270,9 +269,14 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
 def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                            kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Attention of one new token per sequence over its paged keys (see ``paged_decode_attention_reference``)."""
+                           v_scale: torch.Tensor | None = None,
+                           cpu_plan: DecodeGatherPlan | None = None) -> torch.Tensor:
+    """Attention of one new token per sequence over its paged keys (see ``paged_decode_attention_reference``).
+
+    ``cpu_plan``: the CPU reference's gather worked out once for these tables (`decode_gather_plan`), so that a
+    model's layers do not each redo it; ignored on CUDA."""
     fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
     if query.is_cuda:
         return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt)
-    return paged_decode_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt)
+    return paged_decode_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt,
+                                            plan=cpu_plan)

@@ -20,6 +20,7 @@ import pytest  # noqa: E402
 
 from workbench_kernels.paged_decode_attention import (  # noqa: E402
     _choose_splits,
+    decode_gather_plan,
     paged_decode_attention,
     paged_decode_attention_reference,
     paged_decode_attention_triton,
@@ -204,3 +205,27 @@ def test_block_ids_past_2_31_elements(device):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                             env={**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})})
     assert result.returncode == 0, f"exit code {result.returncode} (-11: out-of-bounds access)\n{result.stderr[-3000:]}"
+
+
+def test_reference_with_a_precomputed_gather_plan():
+    """The CPU engine works out where the keys are once per step and hands that plan to every layer; a single
+    sequence on consecutive blocks is read in place, without a gather. Same answers either way."""
+    torch.manual_seed(0)
+    num_blocks, block_size, kv_heads, head_dim = 12, 4, 2, 16
+    key_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    value_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    cases = [([[3, 4, 5, 6]], [14]),  # consecutive: no gather
+             ([[3, 9, 5, 6]], [14]),  # one block elsewhere
+             ([[3, 4, 5, 6]], [4]),  # context ends on a block boundary
+             ([[7, 2, 0, 1], [4, 5, 6, 11]], [9, 16])]  # two sequences, ragged
+    for tables, lens in cases:
+        tables = torch.tensor(tables, dtype=torch.int32)
+        lens = torch.tensor(lens, dtype=torch.int32)
+        query = torch.randn(len(lens), 4, head_dim)
+        kv = SimpleNamespace(key_cache=key_cache, value_cache=value_cache, block_tables=tables, context_lens=lens)
+        expected = attention_by_loops(query, kv, [1] * len(lens), 0.25).float()
+        plan = decode_gather_plan(tables, lens, block_size)
+        assert (plan.ids is None) == (tables.tolist() == [[3, 4, 5, 6]])
+        for kwargs in ({}, {"cpu_plan": plan}):
+            out = paged_decode_attention(query, key_cache, value_cache, tables, lens, 0.25, **kwargs)
+            assert_close(out, expected, torch.float32)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.cache.paged import PagedKVCache
-from workbench_kernels.paged_decode_attention import paged_decode_attention
+from workbench_kernels.paged_decode_attention import decode_gather_plan, paged_decode_attention
 from workbench_kernels.paged_prefill_attention import paged_prefill_attention
 from workbench_kernels.store_kv import store_kv
 
@@ -40,6 +40,11 @@ class PagedAttention:
         self.cache, self.meta, self.scale = cache, meta, scale
         d = meta.num_decode_seqs
         self._prefill_starts = meta.query_start_loc[d:] - d  # prefill rows start after the decode rows
+        # On the CPU, where the decode rows' keys are is worked out once here, not once per layer (it cost more
+        # than the attention itself at batch 1: 261 -> 43 us per layer at 200 keys).
+        self._decode_plan = None
+        if d and not cache.key[0].is_cuda:
+            self._decode_plan = decode_gather_plan(meta.block_tables[:d], meta.context_lens[:d], cache.block_size)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta, d, cache = self.meta, self.meta.num_decode_seqs, self.cache
@@ -48,11 +53,11 @@ class PagedAttention:
         store_kv(k, v, key_cache, value_cache, meta.slot_mapping, **fmt)
         if d == meta.num_seqs:
             return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale,
-                                          **fmt)
+                                          **fmt, cpu_plan=self._decode_plan)
         prefill = paged_prefill_attention(q[d:], key_cache, value_cache, meta.block_tables[d:], self._prefill_starts,
                                           meta.context_lens[d:], self.scale, **fmt)
         if d == 0:
             return prefill
         decode = paged_decode_attention(q[:d], key_cache, value_cache, meta.block_tables[:d], meta.context_lens[:d],
-                                        self.scale, **fmt)
+                                        self.scale, **fmt, cpu_plan=self._decode_plan)
         return torch.cat([decode, prefill])
