@@ -1,0 +1,176 @@
+"""Chapter 2 in a real browser: JupyterLab headless, Debian's Chromium driven by Playwright.
+
+It opens a copy of the notebook (so autosave cannot touch the committed one), runs every cell, and checks what
+only a browser can: that the widget views and the plotly figures actually render (a FigureWidget can be blank,
+plotly #4998), that changing a control redraws its figure, and that no cell shows an error. A screenshot of the
+paged-memory panel goes to test-artifacts/ for a human to look at.
+
+Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``; ``.ci/run`` installs it) and skips without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "ch02_kv_cache.ipynb"
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+# The machine's network is closed: no QUIC, no background fetches, no component updates.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+RUN_ALL_TIMEOUT_S = 900  # ~1-2 minutes on a quiet 2-core CPU; generous for a shared one
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab_server(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip(f"Chromium is not installed at {CHROMIUM}: run `apt-get install -y chromium` (.ci/run does)")
+    root = tmp_path_factory.mktemp("lab")
+    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    # Every cell in the DOM: JupyterLab otherwise detaches (or skips rendering) cells outside the viewport, and
+    # the checks below count prompts, widgets and figures across the whole notebook.
+    tracker = root / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}))
+    news = root / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false"}))  # no "get Jupyter news?" toast over the screenshot
+    port, token = _free_port(), secrets.token_hex(16)
+    log = (root / "server.log").open("w")
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+           f"--LabApp.workspaces_dir={root / 'workspaces'}", f"--LabApp.user_settings_dir={root / 'settings'}",
+           "--LabApp.expose_app_in_browser=True",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    if os.geteuid() == 0:  # CI containers run as root; JupyterLab refuses that without the flag
+        cmd.append("--allow-root")
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as response:
+                    json.load(response)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n" + (root / "server.log").read_text()) from None
+                time.sleep(0.5)
+        yield base, token, root
+    finally:
+        _stop(server)
+        log.close()
+
+
+def _stop(server: subprocess.Popen) -> None:
+    """SIGTERM the server's process group (it shuts its kernels down), SIGKILL it if it hangs."""
+    if server.poll() is not None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def page(lab_server):
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    base, token, _ = lab_server
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1300})
+        page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                               " && window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel",
+                               timeout=120_000)
+        yield page
+        browser.close()
+
+
+def _errors(page) -> list[str]:
+    """Text of every stderr or error output in the notebook."""
+    return page.eval_on_selector_all(
+        ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", "els => els.map(e => e.innerText)")
+
+
+def _plots(page) -> list[dict]:
+    """Size and trace count of every rendered plotly figure inside an output area."""
+    return page.eval_on_selector_all(
+        ".jp-OutputArea-output .js-plotly-plot",
+        "els => els.map(e => ({w: e.getBoundingClientRect().width, h: e.getBoundingClientRect().height,"
+        " traces: (e._fullData || []).length, title: (e.layout && e.layout.title && e.layout.title.text) || ''}))")
+
+
+def _run_all_cells(page) -> None:
+    """Clear the stored outputs (their execution counts would look finished), run all, and wait on the notebook
+    model itself: every code cell has an execution count and the kernel is idle."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.evaluate("() => { window.__runAll = window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.wait_for_function(
+        "() => { const panel = window.jupyterapp.shell.currentWidget;"
+        " const cells = panel.content.widgets.filter(c => c.model.type === 'code');"
+        " return cells.length > 0 && cells.every(c => c.model.executionCount !== null)"
+        " && panel.sessionContext.session.kernel.status === 'idle'; }",
+        timeout=RUN_ALL_TIMEOUT_S * 1000, polling=1000)
+
+
+def test_chapter2_runs_and_renders_in_chromium(page):
+    _run_all_cells(page)
+    assert _errors(page) == []
+
+    # Widget views: the controls of all four panels.
+    for selector, at_least in ((".jp-OutputArea-output .widget-dropdown select", 4),
+                               (".jp-OutputArea-output .widget-slider", 2),
+                               (".jp-OutputArea-output .widget-toggle-buttons", 3),
+                               (".jp-OutputArea-output .widget-play", 1)):
+        assert page.locator(selector).count() >= at_least, selector
+
+    # Figures: 1 (no cache) + 2 (paged: timeline, block pool) + 2 (prefix) + 1 (eviction), all laid out, none blank.
+    plots = _plots(page)
+    assert len(plots) >= 6, plots
+    for plot in plots:
+        assert plot["w"] > 300 and plot["h"] > 200 and plot["traces"] >= 1, plot
+
+    # One control, one figure: the paged panel's block size re-runs the engine and retitles its timeline.
+    block_size = page.locator(".widget-dropdown", has=page.locator("label", has_text="block size")).locator("select")
+    block_size.scroll_into_view_if_needed()
+    block_size.select_option("32")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].some(e => e.layout && e.layout.title"
+        " && /block size 32,/.test(e.layout.title.text))", timeout=300_000, polling=500)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.js-plotly-plot')].some(e => e.layout && e.layout.title"
+        " && /blocks of 32 tokens/.test(e.layout.title.text))", timeout=60_000, polling=500)
+    assert _errors(page) == []
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    panel = page.locator(".jp-OutputArea-output", has=page.locator("label", has_text="block size")).first
+    panel.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)  # let plotly finish its transition before the picture
+    page.screenshot(path=str(ARTIFACTS / "ch02_browser.png"))
