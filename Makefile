@@ -45,8 +45,10 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check .
 
+# Every CPU benchmark, one after another (about 30 minutes on 2 cores); numbers go to benchmarks/RESULTS.md.
+BENCHMARKS := forward_vs_hf engine_throughput prefix_cache chunked_prefill kv_quality spec_decode
 bench: setup
-	$(BIN)/python benchmarks/bench_forward_vs_hf.py
+	for b in $(BENCHMARKS); do echo "== $$b"; $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache test-artifacts
