@@ -33,10 +33,10 @@ from ._common import (
     triton,
 )
 from ._kv_args import check_kv_args, kv_kernel_args
-from ._paged_gather import DecodeGatherPlan, decode_gather_plan, gather_padded_kv, planned_values
+from ._paged_gather import DecodeGatherPlan, decode_gather_plan, planned_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
 
-__all__ = ["decode_gather_plan", "gather_padded_kv", "paged_decode_attention", "paged_decode_attention_reference",
+__all__ = ["decode_gather_plan", "paged_decode_attention", "paged_decode_attention_reference",
            "paged_decode_attention_triton"]
 
 # Keys per loop iteration. Untuned (no GPU measurement yet; benchmarks/bench_decode_kernel.py --tile measures it):
