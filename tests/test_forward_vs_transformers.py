@@ -39,6 +39,23 @@ def test_logits_match_transformers_on_real_weights(plain_model, reference_model,
 
 
 @torch.inference_mode()
+def test_tapped_layers_are_transformers_hidden_states(plain_model, reference_model, tokenizer):
+    """The residuals an EAGLE-3 head reads are the layer outputs transformers reports (normalised, no gain)."""
+    ids = torch.tensor(encode_prompt(tokenizer, load_prompts("varied")[0]))
+    taps = (2, 15, 27)
+    hidden, tapped = plain_model.forward_with_taps(ids, torch.arange(len(ids)),
+                                                   NoCacheAttention([len(ids)], plain_model.attention_scale), taps)
+    torch.testing.assert_close(hidden, plain_model(ids, torch.arange(len(ids)),
+                                                   NoCacheAttention([len(ids)], plain_model.attention_scale)))
+    states = reference_model(ids[None], output_hidden_states=True).hidden_states  # [0] is the embedding output
+    want = torch.cat([torch.nn.functional.rms_norm(states[t + 1][0], (576,), eps=1e-5) for t in taps], dim=-1)
+    assert tapped.shape == (len(ids), 3 * 576)
+    torch.testing.assert_close(tapped, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="distinct layers"):
+        plain_model.forward_with_taps(ids, torch.arange(len(ids)), NoCacheAttention([len(ids)], 1.0), (15, 2))
+
+
+@torch.inference_mode()
 def test_packed_cpu_matmuls_stay_close_to_plain_ones(real_model, plain_model, tokenizer):
     # Both are float32 with different summation orders; transformers itself sits ~7e-5 from a float64 run.
     ids = torch.tensor(encode_prompt(tokenizer, load_prompts("varied")[-1]))

@@ -67,6 +67,7 @@ class LLMEngine:
         self.proposer: Proposer | None = None
         if spec_config is not None:
             self.proposer = build_proposer(spec_config, self, draft_model)
+            self.runner.taps = self.proposer.taps
 
     @classmethod
     def from_pretrained(cls, name: str = "smollm2-135m", *, device: torch.device | str | None = None,
@@ -208,7 +209,7 @@ class LLMEngine:
             valid = 1 + item.accepted if item.drafts else item.num_new_tokens
             start = seq.num_computed_tokens - valid
             if self.proposer.needs_target_features:
-                self.proposer.observe(seq, start, result.hidden[row: row + valid])
+                self.proposer.observe(seq, start, result.features[row: row + valid])
             self.proposer.rollback(seq, seq.num_computed_tokens)
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> bool:

@@ -62,6 +62,9 @@ def build_metadata(blocks: BlockManager, entries: list[BatchEntry], num_single_t
 @dataclass(slots=True)
 class ForwardResult:
     hidden: torch.Tensor  # [num_tokens, hidden]: final hidden states of every fed token
+    # What a feature-reading draft gets for every fed token: the tapped layers (`LlamaModel.forward_with_taps`)
+    # when the runner has ``taps``, else ``hidden`` itself.
+    features: torch.Tensor
     logits: torch.Tensor  # [num_logit_rows, vocab] float32
     # (item, first row in hidden, first row in logits, number of logit rows) for items that get logits:
     # 1 row for a sequence due a next token, 1 + len(drafts) rows for one verifying drafts.
@@ -74,6 +77,7 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, cache: PagedKVCache, blocks: BlockManager):
         self.model, self.cache, self.blocks = model, cache, blocks
         self.device = model.device
+        self.taps: tuple[int, ...] = ()  # layers whose residual a draft head reads (set by the engine)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], num_single_token: int,
@@ -95,6 +99,7 @@ class ModelRunner:
                 logit_rows.append(row + len(tokens) - 1)
             row += len(tokens)
         ids, positions, meta = build_metadata(self.blocks, entries, num_single_token, self.device)
-        hidden = self.model(ids, positions, PagedAttention(self.cache, meta, self.model.attention_scale))
+        attention = PagedAttention(self.cache, meta, self.model.attention_scale)
+        hidden, tapped = self.model.forward_with_taps(ids, positions, attention, self.taps)
         logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
-        return ForwardResult(hidden, logits, outputs, rows)
+        return ForwardResult(hidden, hidden if tapped is None else tapped, logits, outputs, rows)

@@ -101,14 +101,29 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionBackend) -> torch.Tensor:
         """input_ids, positions: [T] int64 (flat over sequences). Returns final hidden states [T, hidden]."""
+        return self.forward_with_taps(input_ids, positions, attention, ())[0]
+
+    def forward_with_taps(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                          taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, also returning the residual stream after each layer in ``taps``, RMS-normalised (no gain)
+        and concatenated per token ([T, len(taps) * hidden]; None without taps).
+
+        An EAGLE-3-style draft reads these: the final hidden state is tuned to name the next token and says
+        little else, while low and middle layers still carry the context a draft needs to look further."""
         if input_ids.shape != positions.shape or input_ids.dim() != 1:
             raise ValueError(f"input_ids {tuple(input_ids.shape)} and positions {tuple(positions.shape)} must "
                              "be equal 1-D shapes (one row per token)")
+        if any(not 0 <= t < self.spec.num_layers for t in taps) or list(taps) != sorted(set(taps)):
+            raise ValueError(f"taps {taps} must name distinct layers 0..{self.spec.num_layers - 1} in order")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
+        tapped = []
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, i, attention)
-        return F.rms_norm(x, (x.shape[-1],), self.norm, self.spec.rms_norm_eps)
+            if i in taps:
+                tapped.append(F.rms_norm(x, (x.shape[-1],), None, self.spec.rms_norm_eps))
+        hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.spec.rms_norm_eps)
+        return hidden, torch.cat(tapped, dim=-1) if tapped else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the given hidden rows (only the rows that need a next token)."""

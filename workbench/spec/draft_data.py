@@ -31,13 +31,15 @@ class DraftSample:
     """One conversation: prompt + target response, with the target's outputs at every position.
 
     ``features[j]`` is the target's normed final hidden state at position j (it predicts token j+1);
-    ``top_ids[j]``/``top_probs[j]`` are its most likely next tokens there."""
+    ``top_ids[j]``/``top_probs[j]`` are its most likely next tokens there; ``tapped[j]`` holds the residuals
+    of the layers an EAGLE-3-style head reads (`LlamaModel.forward_with_taps`), None when none were asked for."""
 
     tokens: torch.Tensor  # [n] int64
     prompt_len: int
     features: torch.Tensor  # [n, hidden] float32
     top_ids: torch.Tensor  # [n, TOP_K] int64
     top_probs: torch.Tensor  # [n, TOP_K] float32
+    tapped: torch.Tensor | None = None  # [n, len(taps) * hidden] float32
 
     @property
     def response(self) -> list[int]:
@@ -59,21 +61,24 @@ def generate_responses(target: LlamaModel, tokenizer, prompts: list[str], max_to
 
 
 @torch.no_grad()
-def target_outputs(target: LlamaModel, sequences: list[list[int]], *, top_k: int = TOP_K
-                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(features, top ids, top probs) per sequence from no-cache target forwards, several sequences per call."""
-    results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+def target_outputs(target: LlamaModel, sequences: list[list[int]], *, top_k: int = TOP_K, taps: tuple[int, ...] = ()
+                   ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(features, top ids, top probs, tapped layers or None) per sequence from no-cache target forwards, several
+    sequences per call."""
+    results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
     batch: list[list[int]] = []
 
     def flush() -> None:
         ids = torch.tensor([t for s in batch for t in s], device=target.device)
         positions = torch.cat([torch.arange(len(s), device=target.device) for s in batch])
-        hidden = target(ids, positions, NoCacheAttention([len(s) for s in batch], target.attention_scale))
+        attention = NoCacheAttention([len(s) for s in batch], target.attention_scale)
+        hidden, tapped = target.forward_with_taps(ids, positions, attention, taps)
         start = 0
         for s in batch:
             feats = hidden[start:start + len(s)]
             probs, top = target.compute_logits(feats).softmax(-1).topk(top_k, dim=-1)
-            results.append((feats.float().cpu(), top.cpu(), probs.cpu()))
+            taps_here = None if tapped is None else tapped[start:start + len(s)].float().cpu()
+            results.append((feats.float().cpu(), top.cpu(), probs.cpu(), taps_here))
             start += len(s)
         batch.clear()
 
@@ -86,17 +91,17 @@ def target_outputs(target: LlamaModel, sequences: list[list[int]], *, top_k: int
     return results
 
 
-def build_samples(target: LlamaModel, tokenizer, prompts: list[str], max_tokens: int, *,
+def build_samples(target: LlamaModel, tokenizer, prompts: list[str], max_tokens: int, *, taps: tuple[int, ...] = (),
                   progress: bool = True) -> list[DraftSample]:
-    """The whole dataset: engine responses, then target features and top-k probabilities over each."""
+    """The whole dataset: engine responses, then target features, tapped layers and top-k probabilities."""
     pairs = generate_responses(target, tokenizer, prompts, max_tokens, progress=progress)
     sequences = [p + r for p, r in pairs]
     samples = []
     chunks = [sequences[i:i + 16] for i in range(0, len(sequences), 16)]
     done = 0
     for chunk in tqdm(chunks, desc="target features", disable=not progress):
-        for seq, (feats, top, probs) in zip(chunk, target_outputs(target, chunk), strict=True):
-            samples.append(DraftSample(torch.tensor(seq), len(pairs[done][0]), feats, top, probs))
+        for seq, (feats, top, probs, tapped) in zip(chunk, target_outputs(target, chunk, taps=taps), strict=True):
+            samples.append(DraftSample(torch.tensor(seq), len(pairs[done][0]), feats, top, probs, tapped))
             done += 1
     return samples
 
@@ -110,3 +115,20 @@ def greedy_agreement(samples: list[DraftSample]) -> float:
         same += int((pred == s.tokens[s.prompt_len:]).sum())
         total += pred.numel()
     return same / max(total, 1)
+
+
+def add_taps(target: LlamaModel, samples: list[DraftSample], taps: tuple[int, ...], *,
+             progress: bool = True) -> list[DraftSample]:
+    """``samples`` with ``tapped`` filled for ``taps`` (recomputed by the target where missing or different)."""
+    width = len(taps) * target.spec.hidden_size
+    def lacks(s: DraftSample) -> bool:
+        tapped = getattr(s, "tapped", None)  # samples pickled before ``tapped`` existed lack the slot altogether
+        return tapped is None or tapped.shape[1] != width
+
+    todo = [s for s in samples if lacks(s)] if taps else []
+    chunks = [todo[i:i + 16] for i in range(0, len(todo), 16)]
+    for chunk in tqdm(chunks, desc="target taps", disable=not progress or not chunks):
+        outs = target_outputs(target, [s.tokens.tolist() for s in chunk], taps=taps)
+        for s, (_, _, _, tapped) in zip(chunk, outs, strict=True):
+            s.tapped = tapped
+    return samples

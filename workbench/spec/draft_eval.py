@@ -41,7 +41,11 @@ def _catch_up_rows(draft: DraftModule, r: _Replay) -> tuple[torch.Tensor, torch.
     tokens = r.sample.tokens
     if draft.needs_target_features:
         pos = torch.arange(r.valid, r.m - 1)
-        return tokens[pos + 1], pos, r.sample.features[pos]
+        source = r.sample.tapped if draft.taps else r.sample.features
+        if source is None:
+            raise ValueError(f"the samples lack the target layers {draft.taps} this head reads: build them with "
+                             "build_samples(..., taps=draft.taps) or add_taps()")
+        return tokens[pos + 1], pos, draft.fuse_features(source[pos].to(next(draft.parameters()).device))
     pos = torch.arange(r.valid, r.m)
     return tokens[pos], pos, None
 
@@ -121,5 +125,6 @@ def evaluate_acceptance(target: LlamaModel, draft: DraftModule, tokenizer, promp
     """Acceptance of ``draft`` at ``k`` (greedy) on ``prompts``: the target answers them through the engine,
     then the draft is replayed over the answers (`acceptance_on_samples`). Pass ``samples`` to reuse answers."""
     if samples is None:
-        samples = build_samples(target, tokenizer, prompts, max_tokens, progress=progress)
+        samples = build_samples(target, tokenizer, prompts, max_tokens, taps=getattr(draft, "taps", ()),
+                                progress=progress)
     return acceptance_on_samples(draft, samples, k)

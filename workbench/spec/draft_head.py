@@ -5,9 +5,12 @@ early exit agrees with the full model 3-30% of the time), so the draft is traine
 Two designs share this file because the choice between them was made by measurement (numbers in
 ``datasets/drafts/README.md``):
 
-- `EagleDraftHead` (EAGLE-style): one decoder layer that reads the target's final hidden state at position j
-  together with the embedding of token j+1 and predicts the target's hidden state at j+1; the target's frozen,
+- `EagleDraftHead` (EAGLE-style): one decoder layer that reads the target's features at position j together
+  with the embedding of token j+1 and predicts the target's final hidden state at j+1; the target's frozen,
   tied LM head turns that into a guess for token j+2. Drafting further ahead feeds its own predictions back.
+  The features are either the target's final hidden state (EAGLE-1) or, with ``taps``, a learned fusion of the
+  residual after a low, a middle and a high layer (EAGLE-3): the final state mostly encodes the very next
+  token, and reading lower layers too raised held-out top-1 from 0.20 to 0.28 after 150 equal training steps.
 - `LayerDraftModel`: a 1-2 layer Llama of the target's width that reuses the target's embedding, final norm
   and LM head (frozen) and only reads tokens.
 
@@ -42,11 +45,14 @@ class EagleDraftHead(nn.Module):
 
     needs_target_features = True
 
-    def __init__(self, target: LlamaModel, num_layers: int = 1):
+    def __init__(self, target: LlamaModel, num_layers: int = 1, taps: tuple[int, ...] = ()):
         super().__init__()
         tspec = target.spec
         self.spec: ModelSpec = tspec.replace(name=f"{tspec.name}-eagle-draft", num_layers=num_layers)
         h = tspec.hidden_size
+        self.taps = tuple(taps)
+        # Target layers read (`LlamaModel.forward_with_taps`), fused to one hidden-sized feature per position.
+        self.fuse = Linear(len(self.taps) * h, h, bias=False) if self.taps else None
         self.fc = Linear(2 * h, h, bias=False)
         self.layers = nn.ModuleList(DecoderLayer(self.spec) for _ in range(num_layers))
         # The output must live where the target's features live (after its final norm), so the head ends with a
@@ -73,10 +79,20 @@ class EagleDraftHead(nn.Module):
                 module.pack() if pack else module.unpack()
         return self
 
+    def fuse_features(self, target_features: torch.Tensor) -> torch.Tensor:
+        """The head's input feature [T, hidden] from what the target produced: its final hidden states as they
+        are, or its tapped layers [T, len(taps) * hidden] through the learned fusion."""
+        expected = len(self.taps) * self.spec.hidden_size if self.taps else self.spec.hidden_size
+        if target_features.dim() != 2 or target_features.shape[1] != expected:
+            raise ValueError(f"target features {tuple(target_features.shape)} must be [T, {expected}] for taps "
+                             f"{self.taps}")
+        return target_features if self.fuse is None else self.fuse(target_features.to(self.fc.weight.dtype))
+
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionBackend) -> torch.Tensor:
-        """Row j: the target's (or this head's own predicted) feature at ``positions[j]`` and the id of the token
-        that follows it. Returns the predicted features for the next positions, [T, hidden]."""
+        """Row j: the (fused, `fuse_features`) target feature or this head's own predicted one at ``positions[j]``,
+        and the id of the token that follows it. Returns the predicted features for the next positions,
+        [T, hidden]."""
         if not (input_ids.dim() == 1 and input_ids.shape == positions.shape
                 and features.shape == (input_ids.shape[0], self.spec.hidden_size)):
             raise ValueError(f"input_ids {tuple(input_ids.shape)}, positions {tuple(positions.shape)} must be [T] and "
@@ -127,10 +143,12 @@ class LayerDraftModel(LlamaModel):
 DraftModule = EagleDraftHead | LayerDraftModel
 
 
-def build_draft(target: LlamaModel, kind: str, num_layers: int) -> DraftModule:
-    """An untrained draft of ``kind`` ("eagle" or "layers") for ``target``."""
+def build_draft(target: LlamaModel, kind: str, num_layers: int, taps: tuple[int, ...] = ()) -> DraftModule:
+    """An untrained draft of ``kind`` ("eagle" or "layers") for ``target``; ``taps`` only for "eagle"."""
     if kind == "eagle":
-        return EagleDraftHead(target, num_layers).to(device=target.device, dtype=target.dtype)
+        return EagleDraftHead(target, num_layers, taps).to(device=target.device, dtype=target.dtype)
+    if taps:
+        raise ValueError("only an EAGLE head reads tapped target layers")
     if kind == "layers":
         return LayerDraftModel.build(target, num_layers)
     raise ValueError(f"unknown draft kind {kind!r}: choose 'eagle' or 'layers'")
@@ -142,7 +160,8 @@ def save_draft(draft: DraftModule, path: str | Path, metadata: dict[str, object]
     path.parent.mkdir(parents=True, exist_ok=True)
     kind = "eagle" if isinstance(draft, EagleDraftHead) else "layers"
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in draft.draft_state_dict().items()}
-    meta = {"kind": kind, "num_layers": str(draft.spec.num_layers)}
+    meta = {"kind": kind, "num_layers": str(draft.spec.num_layers),
+            "taps": json.dumps(list(getattr(draft, "taps", ())))}
     meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()})
     save_file(tensors, str(path), metadata=meta)
     return path
@@ -159,7 +178,8 @@ def load_draft(target_model: LlamaModel, path: str | Path | None = None) -> Draf
 
     with safe_open(str(path), "pt") as handle:
         meta = handle.metadata() or {}
-    draft = build_draft(target_model, meta.get("kind", "eagle"), int(meta.get("num_layers", "1")))
+    taps = tuple(json.loads(meta.get("taps", "[]")))
+    draft = build_draft(target_model, meta.get("kind", "eagle"), int(meta.get("num_layers", "1")), taps)
     state = {k: v.to(device=target_model.device, dtype=target_model.dtype) for k, v in load_file(str(path)).items()}
     missing = set(draft.draft_state_dict()) - set(state)
     if missing or set(state) - set(draft.draft_state_dict()):

@@ -5,7 +5,8 @@ only on the target's features. So training unrolls it (as EAGLE-3's "training-ti
 step s-1's predictions back in, and `UnrolledAttention` lets each step's query see exactly the keys it would
 see while drafting — the true context up to the draft's start, then the earlier draft steps of its own chain.
 Both draft kinds are trained on the same two signals: regression onto the target's final hidden state
-(smooth L1) and cross-entropy against the target's top-k next-token probabilities.
+(smooth L1) and cross-entropy against the target's top-k next-token probabilities. An EAGLE head's first
+step reads the target's features (its tapped layers, fused, when it has ``taps``); later steps its own output.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Batch:
     features: torch.Tensor  # [B, L, hidden]
     top_ids: torch.Tensor  # [B, L, K]
     top_probs: torch.Tensor  # [B, L, K], rows renormalised to 1
+    tapped: torch.Tensor | None  # [B, L, len(taps) * hidden] when the samples have tapped layers
     valid: torch.Tensor  # [B, L] bool
     response: torch.Tensor  # [B, L] bool
 
@@ -41,13 +43,17 @@ def make_batch(samples: list[DraftSample]) -> Batch:
     top_probs = torch.zeros(b, n, k)
     valid = torch.zeros(b, n, dtype=torch.bool)
     response = torch.zeros(b, n, dtype=torch.bool)
+    has_taps = all(getattr(s, "tapped", None) is not None for s in samples)  # old pickles lack the slot
+    tapped = torch.zeros(b, n, samples[0].tapped.shape[1]) if has_taps else None
     for i, s in enumerate(samples):
         m = len(s.tokens)
         tokens[i, :m], features[i, :m], top_ids[i, :m] = s.tokens, s.features, s.top_ids
         top_probs[i, :m] = s.top_probs / s.top_probs.sum(-1, keepdim=True)
         valid[i, :m] = True
         response[i, s.prompt_len - 1:m] = True
-    return Batch(tokens, features, top_ids, top_probs, valid, response)
+        if tapped is not None:
+            tapped[i, :m] = s.tapped
+    return Batch(tokens, features, top_ids, top_probs, tapped, valid, response)
 
 
 def length_buckets(samples: list[DraftSample], batch_tokens: int, generator: torch.Generator) -> list[list[int]]:
@@ -137,7 +143,10 @@ def eagle_loss(draft: DraftModule, lm_head: torch.Tensor, batch: Batch, unroll: 
     top_ids, top_probs = batch.top_ids[:, 1:].reshape(b * rows, -1), batch.top_probs[:, 1:].reshape(b * rows, -1)
     valid, response = batch.valid[:, 1:], batch.response[:, :-1]
     attention = UnrolledAttention(b, rows, draft.attention_scale)
-    feats = batch.features[:, :-1].reshape(b * rows, -1)
+    source = batch.tapped if draft.taps else batch.features
+    if source is None:
+        raise ValueError(f"the batch lacks the target layers {draft.taps} the head reads")
+    feats = draft.fuse_features(source[:, :-1].reshape(b * rows, -1))
     total, accs = torch.zeros(()), []
     for step in range(unroll):
         pred = draft(ids, feats, positions, attention)

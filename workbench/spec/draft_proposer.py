@@ -29,13 +29,17 @@ class DraftProposer:
         self.draft, self.blocks, self.device = draft, blocks, device
         self.cache = PagedKVCache(draft.spec, num_blocks, block_size, dtype=dtype, device=device)
         self.needs_target_features = bool(getattr(draft, "needs_target_features", False))
+        self.taps: tuple[int, ...] = tuple(getattr(draft, "taps", ()))
         self._valid: dict[int, int] = {}  # positions of each sequence whose draft KV is valid
         self._tables: dict[int, list[int]] = {}  # block table when that KV was written
         self._features: dict[int, tuple[int, torch.Tensor]] = {}  # first position, target features from there
 
     # --------------------------------------------------------------------------------------- engine hooks
+    @torch.inference_mode()
     def observe(self, seq, start: int, hidden: torch.Tensor) -> None:
-        """Keep the target's features of positions start.. (only those not yet fed to the head)."""
+        """Keep the target's features of positions start.. (only those not yet fed to the head), already fused
+        into the head's input width when it reads several layers."""
+        hidden = self.draft.fuse_features(hidden)
         first, feats = self._features.get(seq.seq_id, (start, hidden[:0]))
         if first + len(feats) != start:  # a gap (e.g. after a preemption): restart the buffer here
             first, feats = start, hidden[:0]

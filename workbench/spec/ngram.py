@@ -29,6 +29,7 @@ class NgramProposer:
     """Stateless proposer over the sequences' own tokens."""
 
     needs_target_features = False
+    taps = ()
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max

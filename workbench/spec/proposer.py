@@ -2,8 +2,9 @@
 
 Per step the engine calls ``propose`` for the decoding sequences that may draft (each with its own maximum),
 then runs the target over the newest token plus the drafts, verifies, and tells the proposer what stands:
-``observe`` hands over the target's final hidden states of the positions that are now real (only proposers
-that condition on them, like an EAGLE head, keep them), ``rollback`` marks the proposer's own state beyond the
+``observe`` hands over the target's features of the positions that are now real (its final hidden states, or
+the residuals of the layers the proposer names in ``taps``; only proposers that condition on them, like an
+EAGLE head, keep them), ``rollback`` marks the proposer's own state beyond the
 accepted positions invalid, ``forget`` drops a finished or preempted sequence, and ``copy_blocks`` mirrors the
 block manager's copy-on-write in a proposer's own paged cache.
 """
@@ -19,6 +20,7 @@ from workbench.config import SpecConfig
 
 class Proposer(Protocol):
     needs_target_features: bool
+    taps: tuple[int, ...]  # target layers whose residual ``observe`` should get; () for the final hidden state
 
     def propose(self, items: list[tuple[object, int]]) -> list[tuple[list[int], torch.Tensor | None]]: ...
 
