@@ -40,7 +40,7 @@ def _head_inputs(draft, sample: DraftSample, n: int) -> torch.Tensor:
     if not getattr(draft, "needs_target_features", False):
         return sample.features[:n]
     with torch.no_grad():
-        return draft.fuse_features(sample.tapped[:n] if draft.taps else sample.features[:n])
+        return draft.fuse_features(draft.target_source(sample)[:n])
 
 
 def test_committed_draft_fits_and_describes_its_cache(draft, real_model):
@@ -84,7 +84,7 @@ def test_unrolled_training_sees_what_drafting_sees(real_model, sample):
         rows = len(sample.tokens) - 1
         batch = make_batch([sample, sample])
         attention = UnrolledAttention(2, rows, head.attention_scale)
-        feats, preds = head.fuse_features(batch.tapped[:, :-1].reshape(2 * rows, -1)), []
+        feats, preds = head.fuse_features(head.target_source(batch)[:, :-1].reshape(2 * rows, -1)), []
         for _ in range(3):
             pred = head(batch.tokens[:, 1:].reshape(-1), feats, torch.arange(rows).repeat(2), attention)
             preds.append(pred.view(2, rows, -1)[1])

@@ -41,11 +41,8 @@ def _catch_up_rows(draft: DraftModule, r: _Replay) -> tuple[torch.Tensor, torch.
     tokens = r.sample.tokens
     if draft.needs_target_features:
         pos = torch.arange(r.valid, r.m - 1)
-        source = r.sample.tapped if draft.taps else r.sample.features
-        if source is None:
-            raise ValueError(f"the samples lack the target layers {draft.taps} this head reads: build them with "
-                             "build_samples(..., taps=draft.taps) or add_taps()")
-        return tokens[pos + 1], pos, draft.fuse_features(source[pos].to(next(draft.parameters()).device))
+        rows = draft.target_source(r.sample)[pos].to(next(draft.parameters()).device)
+        return tokens[pos + 1], pos, draft.fuse_features(rows)
     pos = torch.arange(r.valid, r.m)
     return tokens[pos], pos, None
 

@@ -88,6 +88,15 @@ class EagleDraftHead(nn.Module):
                              f"{self.taps}")
         return target_features if self.fuse is None else self.fuse(target_features.to(self.fc.weight.dtype))
 
+    def target_source(self, data) -> torch.Tensor:
+        """What ``data`` (a `DraftSample` or a training batch) holds for this head to fuse (`fuse_features`):
+        its ``tapped`` layers when the head has taps, else its final ``features``."""
+        source = data.tapped if self.taps else data.features
+        if source is None:
+            raise ValueError(f"the data lacks the target layers {self.taps} this head reads: build it with "
+                             "build_samples(..., taps=draft.taps) or add_taps()")
+        return source
+
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionBackend) -> torch.Tensor:
         """Row j: the (fused, `fuse_features`) target feature or this head's own predicted one at ``positions[j]``,

@@ -143,10 +143,7 @@ def eagle_loss(draft: DraftModule, lm_head: torch.Tensor, batch: Batch, unroll: 
     top_ids, top_probs = batch.top_ids[:, 1:].reshape(b * rows, -1), batch.top_probs[:, 1:].reshape(b * rows, -1)
     valid, response = batch.valid[:, 1:], batch.response[:, :-1]
     attention = UnrolledAttention(b, rows, draft.attention_scale)
-    source = batch.tapped if draft.taps else batch.features
-    if source is None:
-        raise ValueError(f"the batch lacks the target layers {draft.taps} the head reads")
-    feats = draft.fuse_features(source[:, :-1].reshape(b * rows, -1))
+    feats = draft.fuse_features(draft.target_source(batch)[:, :-1].reshape(b * rows, -1))
     total, accs = torch.zeros(()), []
     for step in range(unroll):
         pred = draft(ids, feats, positions, attention)

@@ -79,9 +79,8 @@ def _embedding_gain(target: LlamaModel, samples: list[DraftSample] | None) -> fl
     """RMS of the target's features over RMS of the embeddings of the same tokens (1.0 without samples)."""
     if not samples:
         return 1.0
-    feats = torch.cat([s.features for s in samples[:32]])
     embeds = target.embed_tokens(torch.cat([s.tokens for s in samples[:32]]).to(target.device)).float()
-    return float(feats.pow(2).mean().sqrt() / embeds.pow(2).mean().sqrt())
+    return _feature_rms(samples) / float(embeds.pow(2).mean().sqrt())
 
 
 def _feature_rms(samples: list[DraftSample] | None) -> float:
