@@ -64,7 +64,7 @@ def compare(model, tokenizer, draft, prompts: list[str], params: SamplingParams,
         stats = engine.metrics.spec_counters().summary(k) if method != "plain" else {}
         rows.append({"method": method, "batch": batch, "output_tokens": n, "seconds": round(seconds, 2),
                      "tokens_per_s": n / seconds, **{key: stats.get(key, float("nan")) for key in (
-                         "acceptance_rate", "mean_accepted_length", "tokens_per_pass_measured",
+                         "acceptance_rate", "alpha", "mean_accepted_length", "tokens_per_pass_measured",
                          "tokens_per_pass_theory")}})
     frame = pd.DataFrame(rows)
     frame["speedup"] = frame["tokens_per_s"] / frame.loc[frame["method"] == "plain", "tokens_per_s"].iloc[0]
@@ -103,6 +103,7 @@ def main() -> None:
         "grounded_batch1_speedup": {m: speed(part1, m) for m in METHODS},
         "chat_batch1_speedup": {m: speed(part2, m) for m in METHODS},
         "draft_acceptance_chat": round(float(part2.loc[part2["method"] == "draft", "acceptance_rate"].iloc[0]), 3),
+        "draft_alpha_chat": round(float(part2.loc[part2["method"] == "draft", "alpha"].iloc[0]), 3),
         "speedup_by_batch": {int(b): {m: round(float(v), 3) for m, v in row.items()} for b, row in pivot.iterrows()},
     }))
 

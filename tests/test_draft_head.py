@@ -113,6 +113,9 @@ def test_acceptance_replay_counts(draft, sample):
     assert len(result["per_position"]) == 4
     assert result["per_position"] == sorted(result["per_position"], reverse=True)  # cumulative: never rises
     assert result["acceptance"] == pytest.approx(sum(result["per_position"]) / 4)
+    reached = [1.0] + result["per_position"][:3]
+    assert result["alpha"] == pytest.approx(result["mean_accepted"] / sum(reached))
+    assert result["alpha"] >= result["acceptance"]
 
 
 @pytest.mark.slow

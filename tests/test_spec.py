@@ -12,7 +12,7 @@ from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecC
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
 from workbench.spec.ngram import propose_ngram
-from workbench.spec.stats import SpecCounters, expected_tokens_per_pass
+from workbench.spec.stats import SpecCounters, expected_draft_acceptance, expected_tokens_per_pass
 from workbench.spec.verify import verify_greedy, verify_sampled
 
 PROMPTS = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the dog sat on the log.",
@@ -89,8 +89,33 @@ def test_theory_and_counters():
     counters.record(4, 2, 3)
     counters.record(2, 2, 3)
     assert counters.acceptance_rate == pytest.approx(4 / 6)
-    assert counters.per_position()["acceptance_rate"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert counters.alpha == pytest.approx(4 / 5)  # the 4th draft of the first pass was never tested
+    table = counters.per_position()
+    assert table["acceptance_rate"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert table["tested"].tolist() == [2, 2, 1, 0] and table["alpha"].tolist()[:3] == [1.0, 1.0, 0.0]
     assert counters.tokens_per_pass == 3.0
+    merged = SpecCounters()
+    merged.merge(counters)
+    merged.merge(counters)
+    assert merged.tested_at == [4, 4, 2, 0] and merged.alpha == counters.alpha
+    with pytest.raises(ValueError):
+        counters.record(2, 3, 4)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 0.8])
+def test_alpha_estimate_recovers_independent_acceptance(alpha):
+    """Simulated verifications where each draft passes with probability alpha independently: accepted / tested
+    finds alpha again, and the formula at it predicts the measured tokens per pass; accepted / drafted does
+    neither (it also counts the drafts after a rejection, which are never tested)."""
+    gen, k, counters = torch.Generator().manual_seed(0), 4, SpecCounters()
+    for _ in range(20_000):
+        passes = (torch.rand(k, generator=gen) < alpha).long()
+        accepted = int(passes.cumprod(0).sum())
+        counters.record(k, accepted, accepted + 1)
+    assert counters.alpha == pytest.approx(alpha, abs=0.01)
+    assert counters.summary(k)["tokens_per_pass_theory"] == pytest.approx(counters.tokens_per_pass, rel=0.02)
+    assert counters.acceptance_rate == pytest.approx(expected_draft_acceptance(alpha, k), abs=0.01)
+    assert counters.acceptance_rate < alpha - 0.1
 
 
 # ---------------------------------------------------------------------------------------- engine, greedy

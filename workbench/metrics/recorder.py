@@ -67,7 +67,7 @@ class MetricsRecorder:
         columns = ["request_id", "seq_id", "arrival", "first_scheduled", "first_token", "finish", "finish_reason",
                    "prompt_tokens", "output_tokens", "cached_prompt_tokens", "preemptions", "queue_time_s",
                    "ttft_s", "tpot_s", "e2e_s", "mean_itl_s", "max_itl_s", "drafted_tokens", "accepted_tokens",
-                   "acceptance_rate"]
+                   "acceptance_rate", "alpha"]
         return pd.DataFrame(rows, columns=columns)
 
     def itl_frame(self) -> pd.DataFrame:
@@ -134,5 +134,5 @@ def _request_row(s: Sequence) -> dict:
         "mean_itl_s": float(gaps.mean()) if len(gaps) else np.nan,
         "max_itl_s": float(gaps.max()) if len(gaps) else np.nan,
         "drafted_tokens": s.spec.drafted, "accepted_tokens": s.spec.accepted,
-        "acceptance_rate": s.spec.acceptance_rate,
+        "acceptance_rate": s.spec.acceptance_rate, "alpha": s.spec.alpha,
     }

@@ -93,8 +93,11 @@ def acceptance_on_samples(draft: DraftModule, samples: list[DraftSample], k: int
                           batch: int = 16) -> dict[str, object]:
     """Replay greedy speculative decoding with ``k`` drafted tokens per verification over ``samples``.
 
-    Returns the mean per-token acceptance (accepted / drafted), the share of verifications whose i-th draft
-    token was accepted (i = 1..k; their mean is the per-token acceptance), and the mean accepted length."""
+    Returns the share of drafted tokens accepted (``acceptance``, accepted / drafted), the per-token ``alpha``
+    of the (1 - a^(K+1)) / (1 - a) formula (accepted / tested, `workbench.spec.stats`), the share of
+    verifications whose i-th draft token was accepted (``per_position``, i = 1..k; their mean is
+    ``acceptance``), the same conditioned on the earlier ones being accepted (``alpha_per_position``), and
+    the mean accepted length."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     accepted: list[int] = []
@@ -111,7 +114,11 @@ def acceptance_on_samples(draft: DraftModule, samples: list[DraftSample], k: int
     if counts.numel() == 0:
         raise ValueError("no verification fits: every response is shorter than k + 1 tokens")
     per_position = [float((counts >= i).double().mean()) for i in range(1, k + 1)]
-    return {"acceptance": float(counts.mean() / k), "per_position": per_position,
+    reached = [1.0] + per_position[:-1]  # share of verifications that tested position i
+    tested = float(sum(reached))
+    return {"acceptance": float(counts.mean() / k), "alpha": float(counts.mean()) / tested,
+            "per_position": per_position,
+            "alpha_per_position": [a / r if r else float("nan") for a, r in zip(per_position, reached, strict=True)],
             "mean_accepted": float(counts.mean()), "tokens_per_verification": float(counts.mean() + 1),
             "verifications": int(counts.numel()), "k": k}
 
