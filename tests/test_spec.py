@@ -11,6 +11,7 @@ import workbench
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
+from workbench.spec.draft_head import build_draft
 from workbench.spec.ngram import propose_ngram
 from workbench.spec.stats import SpecCounters, expected_draft_acceptance, expected_tokens_per_pass
 from workbench.spec.verify import verify_greedy, verify_sampled
@@ -231,10 +232,10 @@ def test_speculative_sampling_keeps_the_target_distribution_in_the_engine():
     prompt, temperature, n = [1, 2, 3, 4], 1.0, 3000
     want = exact_pairs(target, prompt, temperature).flatten()
 
-    def sample(spec):
+    def sample(spec, draft_model=draft):
         engine = LLMEngine(target, None, cache_config=CacheConfig(num_blocks=512, block_size=4),
                            scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512),
-                           spec_config=spec, draft_model=draft if spec else None)
+                           spec_config=spec, draft_model=draft_model if spec else None)
         params = [SamplingParams(max_tokens=3, temperature=temperature, seed=i) for i in range(n)]
         out = engine.generate([prompt] * n, params, progress=False)
         counts = torch.zeros(36)
@@ -242,11 +243,19 @@ def test_speculative_sampling_keeps_the_target_distribution_in_the_engine():
             counts[o.token_ids[1] * 6 + o.token_ids[2]] += 1
         return counts, engine
 
-    for spec in (SpecConfig("draft", 2), SpecConfig("ngram", 2)):
-        counts, engine = sample(spec)
+    # An EAGLE head that cannot name token 5 (a reduced draft vocabulary): q = 0 there, so every 5 comes from the
+    # residual distribution, and the output must still be the target's.
+    head = build_draft(target, "eagle", 1, vocab=torch.tensor([0, 1, 2, 3, 4]))
+    with torch.no_grad():
+        for name, param in head.named_parameters():
+            param.copy_(torch.ones_like(param) if "norm" in name else torch.randn_like(param) * 0.5)
+    head.eval().requires_grad_(False).prepare()
+    for spec, draft_model in ((SpecConfig("draft", 2), draft), (SpecConfig("ngram", 2), None),
+                              (SpecConfig("draft", 2), head)):
+        counts, engine = sample(spec, draft_model)
         assert engine.metrics.spec_counters().drafted > 0
         stat, df = chi2(counts, want)
-        assert stat < chi2_critical(df), (spec.method, stat, df)
+        assert stat < chi2_critical(df), (spec.method, type(draft_model).__name__, stat, df)
     # Power check: the draft's own distribution is far from the target's and must be rejected.
     draft_pairs = exact_pairs(draft, prompt, temperature).flatten()
     stat, df = chi2(draft_pairs * n, want)

@@ -106,10 +106,21 @@ class UnrolledAttention:
         return out.transpose(1, 2).reshape(q.shape)
 
 
+def restrict_to_vocab(batch: Batch, index: torch.Tensor) -> Batch:
+    """``batch`` with the target's top-k ids renumbered into a draft vocabulary (``index[token]`` is the
+    token's row in the draft's LM head, -1 outside it): outside ids become -1 with probability 0, and each row
+    is renormalised over the ids the draft can name."""
+    ids = index[batch.top_ids]
+    probs = batch.top_probs * (ids >= 0)
+    probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-12)
+    return Batch(batch.tokens, batch.features, ids, probs, batch.tapped, batch.valid, batch.response)
+
+
 def soft_cross_entropy(logits: torch.Tensor, top_ids: torch.Tensor, top_probs: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the draft's logits against the target's (renormalised) top-k distribution."""
+    """Cross-entropy of the draft's logits against the target's (renormalised) top-k distribution; ids of -1
+    (outside a reduced draft vocabulary) must carry probability 0."""
     logp = logits.float().log_softmax(-1)
-    return -(top_probs * logp.gather(-1, top_ids)).sum(-1).mean()
+    return -(top_probs * logp.gather(-1, top_ids.clamp_min(0))).sum(-1).mean()
 
 
 @dataclass(slots=True)

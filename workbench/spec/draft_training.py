@@ -2,9 +2,10 @@
 
     .venv/bin/python -m workbench.spec.draft_training --seed 0 --out datasets/drafts/smollm2-135m-draft.safetensors
 
-End to end (engine responses to ``datasets/prompts/draft_train.json``, target features, training, the held-out
-acceptance on ``datasets/prompts/draft_heldout.json``) in about 26 minutes on 2 CPU cores; the measured
-times and acceptance are in ``datasets/drafts/README.md``. ``--kind layers`` trains the other candidate
+End to end (a greedy and a sampled engine answer to each prompt of ``datasets/prompts/draft_train.json``,
+target features, training, the held-out acceptance on ``datasets/prompts/draft_heldout.json``) in about 28
+minutes on 2 CPU cores, 26 of them making the weights; the measured times and acceptance are in
+``datasets/drafts/README.md``. ``--kind layers`` trains the other candidate
 (a small token-only model) on the same data for the comparison.
 """
 
@@ -21,10 +22,17 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.models.llama import LlamaModel
-from workbench.spec.draft_data import DraftSample, add_taps, build_samples, greedy_agreement
+from workbench.spec.draft_data import DraftSample, add_taps, build_samples, draft_vocabulary, greedy_agreement
 from workbench.spec.draft_eval import acceptance_on_samples, evaluate_acceptance
 from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, DraftModule, EagleDraftHead, build_draft, save_draft
-from workbench.spec.draft_losses import LossWeights, eagle_loss, layers_loss, length_buckets, make_batch
+from workbench.spec.draft_losses import (
+    LossWeights,
+    eagle_loss,
+    layers_loss,
+    length_buckets,
+    make_batch,
+    restrict_to_vocab,
+)
 
 __all__ = ["TrainConfig", "evaluate_acceptance", "init_draft", "main", "train_draft"]
 
@@ -38,7 +46,10 @@ class TrainConfig:
     # Target layers the EAGLE head reads (EAGLE-3's low / middle / high choice: 2, L/2, L-3); () reads only the
     # final hidden state (EAGLE-1). Held-out top-1 after 150 equal steps: 0.28 with these, 0.20 without.
     taps: tuple[int, ...] = (2, 15, 27)
-    epochs: int = 5
+    # The EAGLE head drafts from the tokenizer's first N ids plus the training data's tokens (`draft_vocabulary`;
+    # ~20 k of 49 k with 16,384): its LM head, the bulk of training and drafting cost, shrinks with it. 0: all.
+    draft_vocab: int = 16384
+    epochs: int = 3
     batch_tokens: int = 2048
     lr: float = 2e-3
     warmup_steps: int = 20
@@ -55,7 +66,11 @@ def init_draft(target: LlamaModel, cfg: TrainConfig, samples: list[DraftSample] 
     ``samples``: the target's features are ~17x larger than its embeddings, and a head started with a small
     random embedding half learned to use the token 2.7x slower (held-out top-1 0.05 vs 0.13 after 30 steps)."""
     torch.manual_seed(cfg.seed)
-    draft = build_draft(target, cfg.kind, cfg.num_layers, cfg.taps if cfg.kind == "eagle" else ())
+    eagle = cfg.kind == "eagle"
+    vocab = None
+    if eagle and cfg.draft_vocab:
+        vocab = draft_vocabulary(samples or [], cfg.draft_vocab, target.spec.vocab_size)
+    draft = build_draft(target, cfg.kind, cfg.num_layers, cfg.taps if eagle else (), vocab)
     if len(cfg.init_layers) != cfg.num_layers:
         raise ValueError(f"init_layers {cfg.init_layers} must name one target layer per draft layer ({cfg.num_layers})")
     with torch.no_grad():
@@ -113,13 +128,20 @@ def train_draft(target: LlamaModel, samples: list[DraftSample], cfg: TrainConfig
     plan = [b for _ in range(cfg.epochs) for b in length_buckets(samples, cfg.batch_tokens, gen)]
     plan = plan[:max_steps] if max_steps is not None else plan
     # bf16 LM head for the losses: 2.7x the fp32 matmul speed on this AVX512-BF16 CPU (99 vs 37 GFLOP/s).
-    lm_head = target.lm_head.weight.detach().to(torch.bfloat16)
+    vocab = getattr(draft, "vocab", None)
+    lm_head = target.lm_head.weight.detach()
+    lm_head = (lm_head if vocab is None else lm_head[vocab]).to(torch.bfloat16)
+    index = None
+    if vocab is not None:  # token id -> row of the reduced LM head, -1 outside it
+        index = torch.full((target.spec.vocab_size,), -1, dtype=torch.long)
+        index[vocab.cpu()] = torch.arange(len(vocab))
     history, start = [], time.perf_counter()
     bar = tqdm(plan, desc=f"train {cfg.kind}", unit="batch", disable=not progress)
     for step, idx in enumerate(bar):
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, len(plan), cfg)
         batch = make_batch([samples[i] for i in idx])
+        batch = batch if index is None else restrict_to_vocab(batch, index)
         if cfg.kind == "eagle":
             loss, accs = eagle_loss(draft, lm_head, batch, cfg.unroll, cfg.weights)
         else:
@@ -152,20 +174,30 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "none: only the final hidden state)")
     p.add_argument("--lr", type=float, default=_DEFAULTS.lr)
     p.add_argument("--max-tokens", type=int, default=256, help="response length of the training data")
+    p.add_argument("--sampled-answers", type=int, default=1,
+                   help="sampled answers per training prompt on top of the greedy one (seeded; 0: greedy only)")
+    p.add_argument("--sampled-max-tokens", type=int, default=192, help="length limit of the sampled answers")
+    p.add_argument("--temperature", type=float, default=0.8, help="temperature of the sampled answers")
+    p.add_argument("--draft-vocab", type=int, default=_DEFAULTS.draft_vocab,
+                   help="the EAGLE head drafts from the tokenizer's first N ids plus the training data's tokens "
+                        "(0: the whole vocabulary)")
     p.add_argument("--data", default=None, help="reuse (or create) the generated training data at this .pt path")
     p.add_argument("--heldout-data", default=None, help="same, for the held-out responses")
     return p.parse_args(argv)
 
 
-def _samples(target, tokenizer, prompt_set: str, max_tokens: int, cache: str | None,
-             taps: tuple[int, ...]) -> list[DraftSample]:
+def _samples(target, tokenizer, prompt_set: str, max_tokens: int, cache: str | None, taps: tuple[int, ...],
+             sampled: int = 0, sampled_max_tokens: int | None = None, temperature: float = 0.8,
+             seed: int = 0) -> list[DraftSample]:
+    """The greedy answers to ``prompt_set`` first, then ``sampled`` seeded sampled answers per prompt."""
     from pathlib import Path
 
     from workbench.data import load_prompts
 
     if cache and Path(cache).is_file():
         return add_taps(target, torch.load(cache, weights_only=False), taps)
-    samples = build_samples(target, tokenizer, load_prompts(prompt_set), max_tokens, taps=taps)
+    samples = build_samples(target, tokenizer, load_prompts(prompt_set), max_tokens, taps=taps, sampled=sampled,
+                            sampled_max_tokens=sampled_max_tokens, temperature=temperature, seed=seed)
     if cache:
         torch.save(samples, cache)
     return samples
@@ -174,6 +206,7 @@ def _samples(target, tokenizer, prompt_set: str, max_tokens: int, cache: str | N
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = _parse(argv)
     import workbench
+    from workbench.data import load_prompts
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
@@ -181,19 +214,21 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     target.prepare()
     num_layers = args.num_layers or (1 if args.kind == "eagle" else 2)
     taps = (tuple(args.taps) if args.taps is not None else _DEFAULTS.taps) if args.kind == "eagle" else ()
-    samples = _samples(target, tokenizer, "draft_train", args.max_tokens, args.data, taps)
+    samples = _samples(target, tokenizer, "draft_train", args.max_tokens, args.data, taps, args.sampled_answers,
+                       args.sampled_max_tokens, args.temperature, args.seed)
     data_s = time.perf_counter() - t0
     default_init = (29,) if args.kind == "eagle" else tuple(range(num_layers))
     init = tuple(args.init_layers) if args.init_layers else default_init
     cfg = TrainConfig(kind=args.kind, num_layers=num_layers, init_layers=init, taps=taps, epochs=args.epochs,
-                      unroll=args.unroll, lr=args.lr, seed=args.seed)
+                      unroll=args.unroll, lr=args.lr, seed=args.seed, draft_vocab=args.draft_vocab)
     draft, log = train_draft(target, samples, cfg)
     train_wall = time.perf_counter() - t0
     command = " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"seed": args.seed, "command": f"python -m workbench.spec.draft_training {command}",
             "train_prompts": "datasets/prompts/draft_train.json", "max_tokens": args.max_tokens,
             "epochs": cfg.epochs, "unroll": cfg.unroll, "init_layers": list(init), "steps": log["steps"],
-            "lr": cfg.lr}
+            "lr": cfg.lr, "sampled_answers": args.sampled_answers, "sampled_max_tokens": args.sampled_max_tokens,
+            "temperature": args.temperature if args.sampled_answers else None, "draft_vocab": cfg.draft_vocab}
     path = save_draft(draft, args.out, meta)
     from workbench.spec.draft_head import load_draft
 
@@ -202,7 +237,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     result = acceptance_on_samples(draft, heldout, k=4)
     summary = {"kind": cfg.kind, "num_layers": num_layers, "out": str(path), "bytes": path.stat().st_size,
                "train_samples": len(samples), "train_tokens": sum(len(s.tokens) for s in samples),
-               "engine_vs_forward_agreement": greedy_agreement(samples), "data_s": round(data_s, 1),
+               # greedy answers only (they come first): sampled ones differ from the argmax by design
+               "engine_vs_forward_agreement": greedy_agreement(samples[:len(load_prompts("draft_train"))]),
+               "data_s": round(data_s, 1),
                "train_s": round(log["train_s"], 1), "train_wall_s": round(train_wall, 1),
                "total_s": round(time.perf_counter() - t0, 1), "heldout": result}
     print(json.dumps(summary))
