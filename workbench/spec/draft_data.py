@@ -121,8 +121,9 @@ def build_samples(target: LlamaModel, tokenizer, prompts: list[str], max_tokens:
 def draft_vocabulary(samples: list[DraftSample], first_ids: int, vocab_size: int) -> torch.Tensor:
     """The token ids a reduced-vocabulary draft can name (sorted): the tokenizer's first ``first_ids`` (BPE
     gives its earliest, most frequent merges the low ids) plus every token in ``samples`` and the target's
-    top-4 guesses there. On the held-out answers, 16,384 plus the training data's (20,681 ids) cover 97.1% of
-    the tokens the target says; the training data's alone (12,114) 94.1%, the first 16,384 alone 94.1%."""
+    top-4 guesses there. Share of the held-out answers' tokens covered: the committed draft's 23,169 ids (16,384
+    plus the greedy and sampled training answers') 98.0%; with the greedy answers only (20,681 ids) 97.1%; the
+    training data's tokens alone (12,114) or the first 16,384 alone 94%."""
     seen = torch.zeros(vocab_size, dtype=torch.bool)
     seen[: min(first_ids, vocab_size)] = True
     for s in samples:
