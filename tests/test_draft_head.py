@@ -14,7 +14,13 @@ from workbench.models.attention import NoCacheAttention
 from workbench.spec.draft_data import DraftSample, draft_vocabulary, target_outputs
 from workbench.spec.draft_eval import acceptance_on_samples, evaluate_acceptance
 from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, build_draft, load_draft, save_draft
-from workbench.spec.draft_losses import UnrolledAttention, make_batch, restrict_to_vocab, soft_cross_entropy
+from workbench.spec.draft_losses import (
+    UnrolledAttention,
+    make_batch,
+    restrict_to_vocab,
+    soft_cross_entropy,
+    vocab_index,
+)
 from workbench.spec.draft_training import TrainConfig, init_draft, train_draft
 
 
@@ -200,9 +206,9 @@ def test_a_reduced_vocabulary_head_names_only_its_tokens(real_model, sample, tmp
 
 def test_training_targets_restricted_to_the_draft_vocabulary(sample):
     batch = make_batch([sample])
-    index = torch.full((49152,), -1, dtype=torch.long)
     keep = batch.top_ids[0, :, :2].unique()  # the top-2 of every position stay, the rest fall outside
-    index[keep] = torch.arange(len(keep))
+    index = vocab_index(keep, 49152)
+    assert torch.equal(index[keep], torch.arange(len(keep))) and int((index >= 0).sum()) == len(keep)
     small = restrict_to_vocab(batch, index)
     inside = small.top_ids >= 0
     assert torch.equal(inside, index[batch.top_ids] >= 0) and inside[..., :2].all()

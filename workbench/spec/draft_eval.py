@@ -16,6 +16,7 @@ from workbench.cache.contiguous import ContiguousKVCache
 from workbench.models.llama import LlamaModel
 from workbench.spec.draft_data import DraftSample, build_samples
 from workbench.spec.draft_head import DraftModule
+from workbench.spec.stats import SpecCounters
 
 
 class _Replay:
@@ -110,17 +111,16 @@ def acceptance_on_samples(draft: DraftModule, samples: list[DraftSample], k: int
         while active := [r for r in replays if r.active]:
             _replay_round(draft, cache, active)
         accepted += [a for r in replays for a in r.accepted]
-    counts = torch.tensor(accepted, dtype=torch.float64)
-    if counts.numel() == 0:
+    if not accepted:
         raise ValueError("no verification fits: every response is shorter than k + 1 tokens")
-    per_position = [float((counts >= i).double().mean()) for i in range(1, k + 1)]
-    reached = [1.0] + per_position[:-1]  # share of verifications that tested position i
-    tested = float(sum(reached))
-    return {"acceptance": float(counts.mean() / k), "alpha": float(counts.mean()) / tested,
-            "per_position": per_position,
-            "alpha_per_position": [a / r if r else float("nan") for a, r in zip(per_position, reached, strict=True)],
-            "mean_accepted": float(counts.mean()), "tokens_per_verification": float(counts.mean() + 1),
-            "verifications": int(counts.numel()), "k": k}
+    counters = SpecCounters()  # the engine's own bookkeeping: each verification drafts k, emits accepted + 1
+    for a in accepted:
+        counters.record(k, a, a + 1)
+    table = counters.per_position()
+    return {"acceptance": counters.acceptance_rate, "alpha": counters.alpha,
+            "per_position": table["acceptance_rate"].tolist(), "alpha_per_position": table["alpha"].tolist(),
+            "mean_accepted": counters.mean_accepted_length, "tokens_per_verification": counters.tokens_per_pass,
+            "verifications": counters.passes, "k": k}
 
 
 def evaluate_acceptance(target: LlamaModel, draft: DraftModule, tokenizer, prompts: list[str], k: int = 4, *,

@@ -11,7 +11,7 @@ step reads the target's features (its tapped layers, fused, when it has ``taps``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -106,14 +106,19 @@ class UnrolledAttention:
         return out.transpose(1, 2).reshape(q.shape)
 
 
+def vocab_index(vocab: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Token id -> its row in a draft vocabulary's LM head (``vocab``: the ids, sorted), -1 outside it."""
+    index = torch.full((vocab_size,), -1, dtype=torch.long)
+    index[vocab.cpu()] = torch.arange(len(vocab))
+    return index
+
+
 def restrict_to_vocab(batch: Batch, index: torch.Tensor) -> Batch:
-    """``batch`` with the target's top-k ids renumbered into a draft vocabulary (``index[token]`` is the
-    token's row in the draft's LM head, -1 outside it): outside ids become -1 with probability 0, and each row
-    is renormalised over the ids the draft can name."""
+    """``batch`` with the target's top-k ids renumbered into a draft vocabulary (``index`` from `vocab_index`):
+    outside ids become -1 with probability 0, and each row is renormalised over the ids the draft can name."""
     ids = index[batch.top_ids]
     probs = batch.top_probs * (ids >= 0)
-    probs = probs / probs.sum(-1, keepdim=True).clamp_min(1e-12)
-    return Batch(batch.tokens, batch.features, ids, probs, batch.tapped, batch.valid, batch.response)
+    return replace(batch, top_ids=ids, top_probs=probs / probs.sum(-1, keepdim=True).clamp_min(1e-12))
 
 
 def soft_cross_entropy(logits: torch.Tensor, top_ids: torch.Tensor, top_probs: torch.Tensor) -> torch.Tensor:

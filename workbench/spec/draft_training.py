@@ -32,6 +32,7 @@ from workbench.spec.draft_losses import (
     length_buckets,
     make_batch,
     restrict_to_vocab,
+    vocab_index,
 )
 
 __all__ = ["TrainConfig", "evaluate_acceptance", "init_draft", "main", "train_draft"]
@@ -131,10 +132,7 @@ def train_draft(target: LlamaModel, samples: list[DraftSample], cfg: TrainConfig
     vocab = getattr(draft, "vocab", None)
     lm_head = target.lm_head.weight.detach()
     lm_head = (lm_head if vocab is None else lm_head[vocab]).to(torch.bfloat16)
-    index = None
-    if vocab is not None:  # token id -> row of the reduced LM head, -1 outside it
-        index = torch.full((target.spec.vocab_size,), -1, dtype=torch.long)
-        index[vocab.cpu()] = torch.arange(len(vocab))
+    index = None if vocab is None else vocab_index(vocab, target.spec.vocab_size)
     history, start = [], time.perf_counter()
     bar = tqdm(plan, desc=f"train {cfg.kind}", unit="batch", disable=not progress)
     for step, idx in enumerate(bar):
