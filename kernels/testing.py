@@ -8,9 +8,27 @@ in importlib mode with no shared test module on the path, hence helpers inside t
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
+
+# Cases the kernel test files share, so the decode, prefill and quantized-cache tests exercise the same shapes.
+GQA_RATIOS = [(9, 3), (8, 2), (5, 1), (1, 1)]  # (num_heads, num_kv_heads): groups of 3, 4, 5 and 1
+DECODE_CONTEXT_LENS = [1, 17, 40, 100, 33]  # 1, and lengths that are not multiples of the block sizes
+# A mixed step: decode rows (query length 1, context 1 included), whole prompts (query length == context) and
+# chunks after a cached prefix.
+MIXED_STEP_QUERY_LENS = [1, 7, 1, 20, 30, 5, 1]
+MIXED_STEP_CONTEXT_LENS = [1, 30, 17, 20, 45, 5, 64]
+# (dtype, (num_heads, num_kv_heads), head_dim, block_size) beyond the default 64 / 16.
+HEAD_DIM_AND_BLOCK_CASES = [
+    (torch.float32, (8, 2), 128, 8),
+    (torch.bfloat16, (9, 3), 128, 32),
+    (torch.float16, (5, 1), 128, 16),
+    (torch.float32, (9, 3), 80, 8),  # head_dim that is not a power of two: padded and masked
+]
 
 # One tolerance per dtype (atol, rtol), for kernel outputs against the float32 reference on the same inputs.
 # float32: the kernels use IEEE fp32 dots, only the summation order differs. float16/bfloat16: the kernels round
@@ -163,6 +181,8 @@ def check_large_block_ids(kernel: str, device: str = "cpu") -> None:
     from . import paged_prefill_attention as prefill
     from . import store_kv
 
+    if kernel not in ("store_kv", "decode", "prefill"):
+        raise ValueError(f"unknown kernel {kernel!r}: choose 'store_kv', 'decode' or 'prefill'")
     num_heads, num_kv_heads, head_dim, block_size = 8, 8, 128, 16
     num_blocks = 2**31 // (block_size * num_kv_heads * head_dim) + 48
     context_lens = [37, 70, 5]
@@ -189,6 +209,18 @@ def check_large_block_ids(kernel: str, device: str = "cpu") -> None:
         expected = prefill.paged_prefill_attention_reference(*upcast(query, small.key_cache, small.value_cache),
                                                              small.block_tables, starts, small.context_lens, 0.1)
     assert_close(out, expected, what=f"{kernel} at block ids past 2**31 elements")
+
+
+def check_large_block_ids_in_subprocess(kernel: str, device: str = "cpu") -> None:
+    """`check_large_block_ids` in a fresh interpreter (under TRITON_INTERPRET on the CPU); raise AssertionError
+    with its exit code and stderr if it fails: an out-of-bounds access there kills the process (exit -11)
+    rather than failing an assert, and must not take the test session down with it."""
+    code = f"from workbench_kernels.testing import check_large_block_ids; check_large_block_ids({kernel!r}, {device!r})"
+    env = {**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    if result.returncode != 0:
+        raise AssertionError(f"{kernel} at large block ids: exit code {result.returncode} (-11: out-of-bounds "
+                             f"access)\n{result.stderr[-3000:]}")
 
 
 def _check_store_at_large_slots(store, kv: PagedKV, seed: int) -> None:

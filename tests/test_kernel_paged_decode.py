@@ -4,31 +4,26 @@ and outputs start as NaN, so a wrong read or a missed write cannot pass."""
 
 from __future__ import annotations
 
-import os
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-# triton.jit picks interpreted vs compiled when a kernel module is imported: set this before importing them.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import pytest  # noqa: E402
-
-from workbench_kernels.paged_decode_attention import (  # noqa: E402
+from workbench_kernels.paged_decode_attention import (
     _choose_splits,
     decode_gather_plan,
     paged_decode_attention,
     paged_decode_attention_reference,
     paged_decode_attention_triton,
 )
-from workbench_kernels.testing import (  # noqa: E402
+from workbench_kernels.testing import (
+    DECODE_CONTEXT_LENS,
+    GQA_RATIOS,
+    HEAD_DIM_AND_BLOCK_CASES,
     TOLERANCES,
     assert_close,
     attention_by_loops,
+    check_large_block_ids_in_subprocess,
     poisoned_like,
     random_paged_kv,
     random_queries,
@@ -37,11 +32,9 @@ from workbench_kernels.testing import (  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-GQA = [(9, 3), (8, 2), (5, 1), (1, 1)]  # (num_heads, num_kv_heads): groups of 3, 4, 5 and 1
-CONTEXT_LENS = [1, 17, 40, 100, 33]  # 1, and lengths that are not multiples of the block sizes
 
 
-def _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, context_lens=CONTEXT_LENS, seed=0):
+def _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, context_lens=DECODE_CONTEXT_LENS, seed=0):
     kv = random_paged_kv(context_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
                          dtype=dtype, seed=seed, device=device)
     query = random_queries(len(context_lens), num_heads, head_dim, dtype, seed=seed + 1, device=device)
@@ -67,18 +60,13 @@ def _check_kernel(device, dtype, num_heads, num_kv_heads, head_dim=64, block_siz
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA_RATIOS)
 def test_kernel_matches_reference_for_gqa_ratios(device, dtype, num_heads, num_kv_heads):
     _check_kernel(device, dtype, num_heads, num_kv_heads)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("dtype", "gqa", "head_dim", "block_size"), [
-    (torch.float32, (8, 2), 128, 8),
-    (torch.bfloat16, (9, 3), 128, 32),
-    (torch.float16, (5, 1), 128, 16),
-    (torch.float32, (9, 3), 80, 8),  # head_dim that is not a power of two: padded and masked
-])
+@pytest.mark.parametrize(("dtype", "gqa", "head_dim", "block_size"), HEAD_DIM_AND_BLOCK_CASES)
 def test_kernel_matches_reference_for_head_dims_and_block_sizes(device, dtype, gqa, head_dim, block_size):
     _check_kernel(device, dtype, *gqa, head_dim=head_dim, block_size=block_size)
 
@@ -201,10 +189,7 @@ def test_block_ids_past_2_31_elements(device):
     Run in a subprocess: under the interpreter an int32 offset wraps negative and the load reads outside the
     cache, which crashes the process (SIGSEGV) instead of failing an assert; reverting the int64 cast in
     _paged_tiles._kv_tile_offsets made this test fail that way."""
-    code = f"from workbench_kernels.testing import check_large_block_ids; check_large_block_ids('decode', {device!r})"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})})
-    assert result.returncode == 0, f"exit code {result.returncode} (-11: out-of-bounds access)\n{result.stderr[-3000:]}"
+    check_large_block_ids_in_subprocess("decode", device)
 
 
 def test_reference_with_a_precomputed_gather_plan():

@@ -4,27 +4,22 @@ cache slots, unused block-table targets and outputs all start as NaN."""
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-# triton.jit picks interpreted vs compiled when a kernel module is imported: set this before importing them.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-
-from workbench_kernels.paged_prefill_attention import (  # noqa: E402
+from workbench_kernels.paged_prefill_attention import (
     paged_prefill_attention,
     paged_prefill_attention_reference,
     paged_prefill_attention_triton,
 )
-from workbench_kernels.testing import (  # noqa: E402
+from workbench_kernels.testing import (
+    GQA_RATIOS,
+    HEAD_DIM_AND_BLOCK_CASES,
+    MIXED_STEP_CONTEXT_LENS,
+    MIXED_STEP_QUERY_LENS,
     assert_close,
     attention_by_loops,
+    check_large_block_ids_in_subprocess,
     poisoned_like,
     query_start_loc,
     random_paged_kv,
@@ -34,15 +29,10 @@ from workbench_kernels.testing import (  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-GQA = [(9, 3), (8, 2), (5, 1), (1, 1)]  # (num_heads, num_kv_heads): groups of 3, 4, 5 and 1
-# A mixed step: decode rows (q_len 1, context 1 included), whole prompts (q_len == context) and chunks after a
-# cached prefix; lengths that are not multiples of the block sizes.
-QUERY_LENS = [1, 7, 1, 20, 30, 5, 1]
-CONTEXT_LENS = [1, 30, 17, 20, 45, 5, 64]
 
 
-def _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, query_lens=QUERY_LENS,
-          context_lens=CONTEXT_LENS, seed=0):
+def _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, query_lens=MIXED_STEP_QUERY_LENS,
+          context_lens=MIXED_STEP_CONTEXT_LENS, seed=0):
     kv = random_paged_kv(context_lens, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
                          dtype=dtype, seed=seed, device=device)
     query = random_queries(sum(query_lens), num_heads, head_dim, dtype, seed=seed + 1, device=device)
@@ -56,8 +46,8 @@ def _expected(query, kv, starts, scale):
                                              scale)
 
 
-def _check_kernel(device, dtype, num_heads, num_kv_heads, head_dim=64, block_size=16, query_lens=QUERY_LENS,
-                  context_lens=CONTEXT_LENS, **knobs):
+def _check_kernel(device, dtype, num_heads, num_kv_heads, head_dim=64, block_size=16, query_lens=MIXED_STEP_QUERY_LENS,
+                  context_lens=MIXED_STEP_CONTEXT_LENS, **knobs):
     query, kv, starts, scale = _case(device, dtype, num_heads, num_kv_heads, head_dim, block_size, query_lens,
                                      context_lens)
     out = paged_prefill_attention_triton(query, kv.key_cache, kv.value_cache, kv.block_tables, starts,
@@ -67,18 +57,13 @@ def _check_kernel(device, dtype, num_heads, num_kv_heads, head_dim=64, block_siz
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA_RATIOS)
 def test_kernel_matches_reference_for_gqa_ratios(device, dtype, num_heads, num_kv_heads):
     _check_kernel(device, dtype, num_heads, num_kv_heads)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("dtype", "gqa", "head_dim", "block_size"), [
-    (torch.float32, (8, 2), 128, 8),
-    (torch.bfloat16, (9, 3), 128, 32),
-    (torch.float16, (5, 1), 128, 16),
-    (torch.float32, (9, 3), 80, 8),  # head_dim that is not a power of two: padded and masked
-])
+@pytest.mark.parametrize(("dtype", "gqa", "head_dim", "block_size"), HEAD_DIM_AND_BLOCK_CASES)
 def test_kernel_matches_reference_for_head_dims_and_block_sizes(device, dtype, gqa, head_dim, block_size):
     _check_kernel(device, dtype, *gqa, head_dim=head_dim, block_size=block_size)
 
@@ -175,7 +160,4 @@ def test_block_ids_past_2_31_elements(device):
     Run in a subprocess: under the interpreter an int32 offset wraps negative and the load reads outside the
     cache, which crashes the process (SIGSEGV) instead of failing an assert; reverting the int64 cast in
     _paged_tiles._kv_tile_offsets made this test fail that way."""
-    code = f"from workbench_kernels.testing import check_large_block_ids; check_large_block_ids('prefill', {device!r})"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})})
-    assert result.returncode == 0, f"exit code {result.returncode} (-11: out-of-bounds access)\n{result.stderr[-3000:]}"
+    check_large_block_ids_in_subprocess("prefill", device)

@@ -5,18 +5,11 @@ test_kernel_quant_attention.py."""
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-# triton.jit picks interpreted vs compiled when a kernel module is imported: set this before importing them.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from workbench.cache.kv_formats import QUANTIZED_FORMATS  # noqa: E402
-from workbench_kernels.kv_quant import (  # noqa: E402
+from workbench.cache.kv_formats import QUANTIZED_FORMATS
+from workbench_kernels.kv_quant import (
     cache_shapes,
     dequantize_kv,
     pack_int4,
@@ -24,8 +17,8 @@ from workbench_kernels.kv_quant import (  # noqa: E402
     roundtrip_error_bound,
     unpack_int4,
 )
-from workbench_kernels.store_kv import store_kv, store_kv_reference, store_kv_triton  # noqa: E402
-from workbench_kernels.testing_quant import FP8_NAN_BYTE, fp8_scales_for  # noqa: E402
+from workbench_kernels.store_kv import store_kv, store_kv_reference, store_kv_triton
+from workbench_kernels.testing_quant import FP8_NAN_BYTE, fp8_scales_for
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 FORMATS = ["fp8_e4m3", "int8", "int4"]

@@ -5,43 +5,35 @@ NaN codes (fp8) or NaN scales and random codes (int8/int4), and outputs start as
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-# triton.jit picks interpreted vs compiled when a kernel module is imported: set this before importing them.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from workbench_kernels.kv_quant import allocate_cache  # noqa: E402
-from workbench_kernels.paged_decode_attention import (  # noqa: E402
+from workbench_kernels.kv_quant import allocate_cache
+from workbench_kernels.paged_decode_attention import (
     paged_decode_attention,
     paged_decode_attention_reference,
     paged_decode_attention_triton,
 )
-from workbench_kernels.paged_prefill_attention import (  # noqa: E402
+from workbench_kernels.paged_prefill_attention import (
     paged_prefill_attention_reference,
     paged_prefill_attention_triton,
 )
-from workbench_kernels.store_kv import store_kv_reference, store_kv_triton  # noqa: E402
-from workbench_kernels.testing import (  # noqa: E402
+from workbench_kernels.store_kv import store_kv_reference, store_kv_triton
+from workbench_kernels.testing import (
+    DECODE_CONTEXT_LENS,
+    GQA_RATIOS,
+    MIXED_STEP_CONTEXT_LENS,
+    MIXED_STEP_QUERY_LENS,
     assert_close,
     poisoned_like,
     query_start_loc,
     random_queries,
     upcast,
 )
-from workbench_kernels.testing_quant import random_quantized_paged_kv  # noqa: E402
+from workbench_kernels.testing_quant import random_quantized_paged_kv
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 FORMATS = ["fp8_e4m3", "int8", "int4"]
-GQA = [(9, 3), (8, 2), (5, 1), (1, 1)]  # (num_heads, num_kv_heads): groups of 3, 4, 5 and 1
-DECODE_CONTEXT = [1, 17, 40, 100, 33]
-# A mixed step: decode rows, whole prompts and chunks after a cached prefix (as in test_kernel_paged_prefill).
-PREFILL_QUERY = [1, 7, 1, 20, 30, 5, 1]
-PREFILL_CONTEXT = [1, 30, 17, 20, 45, 5, 64]
 
 
 def _case(device, kv_format, dtype, num_heads, num_kv_heads, head_dim, num_queries, context_lens, seed=0):
@@ -65,34 +57,42 @@ def _prefill_expected(query, qkv, starts, scale):
 
 
 def _check_decode(device, kv_format, dtype, num_heads, num_kv_heads, head_dim=64, **knobs):
-    query, qkv, scale = _case(device, kv_format, dtype, num_heads, num_kv_heads, head_dim, len(DECODE_CONTEXT),
-                              DECODE_CONTEXT)
+    query, qkv, scale = _case(device, kv_format, dtype, num_heads, num_kv_heads, head_dim, len(DECODE_CONTEXT_LENS),
+                              DECODE_CONTEXT_LENS)
     out = paged_decode_attention_triton(query, qkv.key_cache, qkv.value_cache, qkv.block_tables, qkv.context_lens,
                                         scale, out=poisoned_like(query), **qkv.format_args(), **knobs)
     assert_close(out, _decode_expected(query, qkv, scale), dtype, what=f"decode {kv_format}")
 
 
 def _check_prefill(device, kv_format, dtype, num_heads, num_kv_heads, head_dim=64):
-    query, qkv, scale = _case(device, kv_format, dtype, num_heads, num_kv_heads, head_dim, sum(PREFILL_QUERY),
-                              PREFILL_CONTEXT)
-    starts = query_start_loc(PREFILL_QUERY, device)
+    query, qkv, scale = _case(device, kv_format, dtype, num_heads, num_kv_heads, head_dim, sum(MIXED_STEP_QUERY_LENS),
+                              MIXED_STEP_CONTEXT_LENS)
+    starts = query_start_loc(MIXED_STEP_QUERY_LENS, device)
     out = paged_prefill_attention_triton(query, qkv.key_cache, qkv.value_cache, qkv.block_tables, starts,
                                          qkv.context_lens, scale, out=poisoned_like(query), **qkv.format_args())
     assert_close(out, _prefill_expected(query, qkv, starts, scale), dtype, what=f"prefill {kv_format}")
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
-def test_decode_kernel_for_gqa_ratios(device, kv_format, num_heads, num_kv_heads):
-    _check_decode(device, kv_format, torch.float32, num_heads, num_kv_heads)
+CHECKS = {"decode": _check_decode, "prefill": _check_prefill}
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize(("dtype", "gqa"), [(torch.float16, (8, 2)), (torch.bfloat16, (9, 3))])
-def test_decode_kernel_head_dim_128_low_precision(device, kv_format, dtype, gqa):
-    _check_decode(device, kv_format, dtype, *gqa, head_dim=128)
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA_RATIOS)
+def test_kernel_for_gqa_ratios(device, kv_format, kernel, num_heads, num_kv_heads):
+    """Decode rows, and prefill's mixed step of decode rows, whole prompts and chunks after a cached prefix."""
+    CHECKS[kernel](device, kv_format, torch.float32, num_heads, num_kv_heads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_format", FORMATS)
+@pytest.mark.parametrize(("kernel", "dtype", "gqa"), [
+    ("decode", torch.float16, (8, 2)), ("decode", torch.bfloat16, (9, 3)),
+    ("prefill", torch.float16, (8, 2)), ("prefill", torch.bfloat16, (5, 1)),
+])
+def test_kernel_head_dim_128_low_precision(device, kv_format, kernel, dtype, gqa):
+    CHECKS[kernel](device, kv_format, dtype, *gqa, 128)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -101,29 +101,16 @@ def test_decode_kernel_with_splits_and_small_tiles(device, kv_format):
     _check_decode(device, kv_format, torch.float32, 9, 3, tile_size=16, num_splits=3)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA)
-def test_prefill_kernel_mixed_batch_for_gqa_ratios(device, kv_format, num_heads, num_kv_heads):
-    _check_prefill(device, kv_format, torch.float32, num_heads, num_kv_heads)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kv_format", FORMATS)
-@pytest.mark.parametrize(("dtype", "gqa"), [(torch.float16, (8, 2)), (torch.bfloat16, (5, 1))])
-def test_prefill_kernel_head_dim_128_low_precision(device, kv_format, dtype, gqa):
-    _check_prefill(device, kv_format, dtype, *gqa, head_dim=128)
-
-
 @pytest.mark.parametrize("kv_format", FORMATS)
 def test_references_read_quantized_caches_as_their_dequantized_twins(kv_format):
     """What the CPU engine runs: the references given the quantized cache equal them on the dequantized one."""
-    query, qkv, scale = _case("cpu", kv_format, torch.float32, 9, 3, 64, sum(PREFILL_QUERY), PREFILL_CONTEXT)
-    starts = query_start_loc(PREFILL_QUERY)
+    query, qkv, scale = _case("cpu", kv_format, torch.float32, 9, 3, 64, sum(MIXED_STEP_QUERY_LENS),
+                              MIXED_STEP_CONTEXT_LENS)
+    starts = query_start_loc(MIXED_STEP_QUERY_LENS)
     got = paged_prefill_attention_reference(query, qkv.key_cache, qkv.value_cache, qkv.block_tables, starts,
                                             qkv.context_lens, scale, **qkv.format_args())
     assert_close(got, _prefill_expected(query, qkv, starts, scale), torch.float32)
-    decode_query = query[:len(PREFILL_CONTEXT)]
+    decode_query = query[:len(MIXED_STEP_CONTEXT_LENS)]
     got = paged_decode_attention(decode_query, qkv.key_cache, qkv.value_cache, qkv.block_tables, qkv.context_lens,
                                  scale, **qkv.format_args())
     assert_close(got, _decode_expected(decode_query, qkv, scale), torch.float32)
@@ -155,7 +142,7 @@ def test_store_then_attend(device, kv_format):
 
 
 def _bad(case: str):
-    query, qkv, scale = _case("cpu", "int8", torch.float32, 9, 3, 64, len(DECODE_CONTEXT), DECODE_CONTEXT)
+    query, qkv, scale = _case("cpu", "int8", torch.float32, 9, 3, 64, len(DECODE_CONTEXT_LENS), DECODE_CONTEXT_LENS)
     args = {"query": query, "key_cache": qkv.key_cache, "value_cache": qkv.value_cache,
             "block_tables": qkv.block_tables, "context_lens": qkv.context_lens, "scale": scale, **qkv.format_args()}
     int4_data = torch.zeros((*qkv.key_cache.shape[:3], 32), dtype=torch.uint8)

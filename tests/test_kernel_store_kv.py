@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-# triton.jit picks interpreted vs compiled when a kernel module is imported: set this before importing them.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-
-from workbench_kernels.store_kv import store_kv, store_kv_reference, store_kv_triton  # noqa: E402
+from workbench_kernels.store_kv import store_kv, store_kv_reference, store_kv_triton
+from workbench_kernels.testing import check_large_block_ids_in_subprocess
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -135,11 +126,4 @@ def test_slots_past_2_31_elements(device):
     Run in a subprocess: under the interpreter an int32 offset wraps negative and the write lands outside the
     cache, which crashes the process (SIGSEGV) instead of failing an assert; reverting the kernel's int64 casts
     made this test fail that way."""
-    _run_large_block_ids_check("store_kv", device)
-
-
-def _run_large_block_ids_check(kernel: str, device: str) -> None:
-    code = f"from workbench_kernels.testing import check_large_block_ids; check_large_block_ids({kernel!r}, {device!r})"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})})
-    assert result.returncode == 0, f"exit code {result.returncode} (-11: out-of-bounds access)\n{result.stderr[-3000:]}"
+    check_large_block_ids_in_subprocess("store_kv", device)
