@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     heldout = add_taps(target, torch.load(args.heldout_data, weights_only=False), cfg.taps)
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(args.seed)).tolist()
     rows = []
-    for fraction in sorted(args.fractions):
+    for fraction in sorted(set(args.fractions)):
         subset = [samples[i] for i in order[:max(1, round(fraction * len(samples)))]]
         tokens = sum(len(s.tokens) for s in subset)
         start = time.perf_counter()
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                      "tokens_per_pass": round(result["tokens_per_verification"], 3)})
         print(json.dumps(rows[-1]), flush=True)
     summary: dict[str, object] = {"rows": rows, "heldout_answers": len(heldout), "k": 4, "epochs": cfg.epochs}
-    if len(rows) >= 2:
+    if len({r["tokens"] for r in rows}) >= 2:  # a line needs two different sizes (tiny data can round alike)
         per_doubling, tokens_at_half = fit_per_doubling([(r["tokens"], r["alpha"]) for r in rows])
         summary.update(alpha_per_doubling=round(per_doubling, 4), tokens_for_alpha_0_5=round(tokens_at_half))
     print("\n| answers | tokens | steps | training s | α | accepted / drafted | tokens per pass |")
