@@ -1,0 +1,35 @@
+"""Measuring an engine under load: offline (driving an ``LLMEngine`` directly) or over HTTP (any endpoint).
+
+``run_workload`` (:mod:`workbench.bench.offline`) replays a workload inside the process against an
+``LLMEngine``. ``run_benchmark`` (:mod:`workbench.bench.runner`) sends the same kind of workload to any
+OpenAI-compatible server (the workbench's own ``workbench serve``, vLLM, SGLang) and measures what a client
+sees: TTFT, TPOT, ITL and end-to-end latency per request, throughput and goodput.
+
+The HTTP half needs httpx, which the engine does not: it is imported on first use, so the engine and
+``run_workload`` stay importable with the engine's own dependencies only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.bench.offline import BenchResult, run_workload
+
+_HTTP_NAMES = {
+    "run_benchmark": "workbench.bench.runner",
+    "ServingBenchResult": "workbench.bench.runner",
+    "LoadShape": "workbench.bench.runner",
+    "parse_slo": "workbench.bench.stats",
+    "summarize": "workbench.bench.stats",
+}
+
+__all__ = ["BenchResult", "run_workload", *_HTTP_NAMES]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HTTP_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workbench.bench' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
