@@ -75,7 +75,9 @@ def test_paged_lab_controls(paged_lab):
     z_before = [row[:] for row in view.figure.data[0].z]
     view.step.value = 0
     assert view.figure.data[0].z != z_before or view.step.value == 0
-    assert "block tables" in view.tables.value and "step 0" in view.figure.layout.title.text
+    assert "Block tables at step 0" in view.tables_caption() and "step 0" in view.figure.layout.title.text
+    caption, table = paged_lab.stored_tables()[0]
+    assert caption == view.tables_caption() and list(table.columns) == ["tokens", "block table"]
     assert fig.layout.shapes[0].x0 == 0  # the timeline marks the replayed step
 
 

@@ -8,9 +8,8 @@ table for the step chosen on the slider; the Play button animates the run in the
 
 from __future__ import annotations
 
-import html
-
 import ipywidgets as widgets
+import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
@@ -31,7 +30,7 @@ def _discrete_scale(n: int) -> list[list]:
 
 
 class BlockView:
-    """Step slider + play button, the block-pool grid, and the block tables as text."""
+    """Step slider + play button, the block-pool grid, and the block tables as a table."""
 
     def __init__(self, num_requests: int):
         self.num_requests = num_requests
@@ -40,7 +39,7 @@ class BlockView:
         self.step = widgets.IntSlider(value=0, min=0, max=0, description="step")
         widgets.jslink((self.play, "value"), (self.step, "value"))
         self.controls = widgets.HBox([self.play, self.step])
-        self.figure = go.FigureWidget(go.Heatmap(
+        self.figure = go.Figure(go.Heatmap(
             colorscale=_discrete_scale(num_requests), zmin=-0.5, zmax=num_requests - 0.5, showscale=False,
             xgap=2, ygap=2, hovertemplate="%{customdata}<extra></extra>", texttemplate="%{text}",
             textfont={"size": 9}))
@@ -49,18 +48,14 @@ class BlockView:
         self.figure.update_layout(plot_bgcolor="#eeeeee")
         style(self.figure, "Block pool", "one cell per physical KV block, coloured by the request holding it; "
               "grey = free", height=300)
-        self.tables = widgets.HTML("")
-        self.step.observe(lambda _change: self.draw(), names="value")
 
     def show(self, trace: PagedTrace, step: int) -> None:
-        """Switch to a new run and jump to ``step``."""
+        """Switch to a new run and draw ``step``. The owner observes ``self.step`` to redraw when the slider moves."""
         self.trace = trace
         last = len(trace.tables) - 1
         self.play.max = self.step.max = last
-        if self.step.value == step:
-            self.draw()
-        else:
-            self.step.value = step  # draws through the observer
+        self.step.value = step
+        self.draw()
 
     def grid(self, step: int) -> tuple[list[list], list[list[str]], list[list[str]]]:
         """Owner index, short label and hover text for every block of the pool at ``step``."""
@@ -96,7 +91,15 @@ class BlockView:
                 f"Block pool at step {step}: {row['held_blocks']} of {self.trace.num_blocks} blocks of "
                 f"{self.trace.block_size} tokens held; {row['running']} running, {row['waiting']} waiting, "
                 f"{row['finished']} finished")
-        lines = [f"{html.escape(rid)} ({self.trace.tokens[step][rid]} tokens): {table}"
-                 for rid, table in self.trace.tables[step].items()]
-        self.tables.value = ("<b>block tables</b> (logical block i of a request lives in physical block "
-                             "table[i])<pre>" + ("\n".join(lines) or "(no running requests)") + "</pre>")
+
+    def tables_caption(self) -> str:
+        return (f"Block tables at step {self.step.value} (logical block i of a request lives in physical block "
+                "table[i])")
+
+    def table_frame(self) -> pd.DataFrame:
+        """One row per running request at the current step: its tokens and its block table."""
+        step = min(self.step.value, len(self.trace.tables) - 1) if self.trace else 0
+        tables = self.trace.tables[step] if self.trace else {}
+        rows = [{"request": rid, "tokens": self.trace.tokens[step][rid], "block table": " ".join(map(str, table))}
+                for rid, table in tables.items()]
+        return pd.DataFrame(rows, columns=["request", "tokens", "block table"]).set_index("request")

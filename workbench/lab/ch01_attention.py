@@ -35,7 +35,7 @@ class LayerScalingLab(LabPanel):
         self.max_tokens = widgets.Dropdown(options=sorted(lengths)[2:], value=max(lengths), description="longest N")
         self.window = widgets.Dropdown(options=[("full causal", 0)] + [(f"sliding window {w}", w) for w in windows],
                                        value=0, description="attention")
-        fig = go.FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        fig = go.Figure(make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
             "time per layer part (log-log)", "attention's share of the layer")))
         for part in PARTS:
             fig.add_scatter(name=part, mode="lines+markers", line={"color": COLORS[part]}, row=1, col=1)
@@ -115,7 +115,7 @@ class KVMemoryLab(LabPanel):
         self.batch = widgets.IntSlider(value=batch, min=1, max=64, description="sequences")
         self.memory = widgets.Dropdown(options=_device_memory_options(torch.device(device)),
                                        description="device", layout={"width": "360px"})
-        fig = go.FigureWidget(make_subplots(rows=1, cols=2, horizontal_spacing=0.14, subplot_titles=(
+        fig = go.Figure(make_subplots(rows=1, cols=2, horizontal_spacing=0.14, subplot_titles=(
             "KV cache of one sequence", "weights + KV of the batch, share of device memory")))
         fig.add_bar(name="KV per sequence", marker_color="#9467bd", textposition="outside", row=1, col=1)
         fig.add_bar(name="weights (bf16)", marker_color="#7f7f7f", row=1, col=2)

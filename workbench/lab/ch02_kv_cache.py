@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 
 import ipywidgets as widgets
+import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.cache.memory_compare import compare_reservations
@@ -38,7 +39,7 @@ class CacheVsNoCacheLab(LabPanel):
         self.context = widgets.Dropdown(options=[24, 48, 96, 192], value=context_tokens,
                                         description="instructions", style={"description_width": "initial"})
         self.max_tokens = widgets.IntSlider(value=max_tokens, min=8, max=64, step=8, description="new tokens")
-        fig = go.FigureWidget()
+        fig = go.Figure()
         for name, color in (("with KV cache", HIT), ("without cache (recompute)", MISS)):
             fig.add_scatter(name=name, mode="lines+markers", line={"color": color})
         fig.update_xaxes(title_text="tokens in the context when the token was produced")
@@ -84,7 +85,7 @@ class PagedMemoryLab(LabPanel):
                                            description="block size")
         self.max_len = widgets.Dropdown(options=[256, 512, 2048, 8192], value=max_len,
                                         description="contiguous max_len", style={"description_width": "initial"})
-        fig = go.FigureWidget()
+        fig = go.Figure()
         for name, color, fill in (("contiguous: reserved (running × max_len)", "#7f7f7f", "tozeroy"),
                                   ("paged: blocks held", "#1f77b4", "tozeroy"),
                                   ("tokens actually stored", "#2ca02c", None)):
@@ -94,9 +95,9 @@ class PagedMemoryLab(LabPanel):
         style(fig, "KV memory over a mixed workload", measured_on(model))
         self.figure, self.trace, self.totals = fig, None, {}
         self.view = BlockView(len(self.workload))
-        self.view.step.observe(lambda _c: self._mark_step(), names="value")
-        super().__init__([self.block_size], [fig, self.view.controls, self.view.figure, self.view.tables],
+        super().__init__([self.block_size], [fig, self.view.figure], rows=[self.view.controls],
                          redraw_only=[self.max_len])
+        self.view.step.observe(lambda _c: self._changed(self._show_step), names="value")
         self.refresh()
 
     def measure(self) -> None:
@@ -120,8 +121,11 @@ class PagedMemoryLab(LabPanel):
                 data.x, data.y = line["step"], values / MiB
             self.figure.layout.title.text = (f"KV memory over {len(self.workload)} mixed requests: block size "
                                              f"{trace.block_size}, contiguous max_len {max_len:,}")
-        peak = int(line["held_bytes"].idxmax())
-        self.view.show(trace, peak)
+        self._holding = True  # moving the step slider to the peak must not publish a half-drawn panel
+        try:
+            self.view.show(trace, int(line["held_bytes"].idxmax()))
+        finally:
+            self._holding = False
         saving = 1 - line["held_bytes"].sum() / contiguous.sum()
         self.status.value = (
             f"Averaged over the run, paged blocks held <b>{fmt_bytes(line['held_bytes'].mean())}</b> against "
@@ -129,6 +133,14 @@ class PagedMemoryLab(LabPanel):
             f"(final lengths): paged wastes {self.totals['paged_waste']:.1%} in partly filled last blocks, "
             f"contiguous wastes {self.totals['contiguous_waste']:.1%}.")
         self._mark_step()
+
+    def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        return [(self.view.tables_caption(), self.view.table_frame())]
+
+    def _show_step(self) -> None:
+        self.view.draw()
+        self._mark_step()
+        self.publish()
 
     def _mark_step(self) -> None:
         step = self.view.step.value
@@ -147,12 +159,12 @@ class PrefixCacheLab(LabPanel):
         self.layout_choice = widgets.ToggleButtons(options=LAYOUTS, value=LAYOUTS[0], description="layout")
         self.caching = widgets.ToggleButtons(options=[("on", True), ("off", False)], value=True,
                                              description="prefix cache")
-        fig = go.FigureWidget()
+        fig = go.Figure()
         fig.add_bar(name="TTFT", textposition="outside")
         fig.update_xaxes(title_text="request (sent one at a time)")
         fig.update_yaxes(title_text="time to first token (ms)", rangemode="tozero")
         style(fig, "TTFT per request", measured_on(model))
-        history = go.FigureWidget()
+        history = go.Figure()
         for name, color in (("median TTFT, requests after the first", "#1f77b4"), ("first request", "#7f7f7f")):
             history.add_bar(name=name, marker_color=color)
         history.update_yaxes(title_text="ms")
@@ -209,7 +221,7 @@ class EvictionLab(LabPanel):
         self.num_requests, self.prefix_tokens, self.block_size = num_requests, prefix_tokens, block_size
         self.pattern = widgets.ToggleButtons(options=PATTERNS, value=PATTERNS[0], description="access")
         self.num_prefixes = widgets.IntSlider(value=num_prefixes, min=2, max=8, description="prefixes")
-        fig = go.FigureWidget()
+        fig = go.Figure()
         fig.add_scatter(name="token hit rate", mode="lines+markers", line={"color": HIT})
         fig.add_scatter(name="requests served from cache", mode="lines+markers", line={"color": "#1f77b4",
                                                                                        "dash": "dash"})

@@ -1,0 +1,112 @@
+"""Static copies of the lab's figures, tables and status lines, as notebook outputs a reader needs no kernel for.
+
+A chapter is read in three places: live in JupyterLab, in a stored notebook (JupyterLab or a repository
+browser before anything runs) and on the offline docs site. Widget views only render with a live kernel, so
+every panel also publishes what it shows as ordinary display outputs: a figure as plotly JSON (interactive in
+JupyterLab with no kernel), an HTML copy (what the docs site renders, with plotly.js served by the site) and a
+PNG (for viewers that run no JavaScript); a table or status line as HTML and plain text.
+
+PNGs come from plotly's own static export, kaleido, which drives an installed Chrome or Chromium. One
+browser session serves every figure of a notebook (the first image takes seconds while it starts, later ones
+~0.3 s). Without a browser the live panels still work and say once that the PNG fallback is skipped; with
+``WORKBENCH_REQUIRE_PNG=1`` (set by ``notebooks/refresh_outputs.py``) a missing browser is an error, so a stored
+notebook can never carry a figure without its PNG.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import html
+import itertools
+import json
+import os
+import warnings
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PNG_WIDTH = 1000  # px: the width of JupyterLab's output area at a common window size
+REQUIRE_PNG_ENV = "WORKBENCH_REQUIRE_PNG"
+
+_div_ids = itertools.count()
+
+
+class PngExport:
+    """One kaleido browser session for the whole process, started on first use and stopped at exit."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.skipped_because: str | None = None
+
+    def __call__(self, fig: go.Figure) -> bytes | None:
+        if self.skipped_because is not None:
+            return None
+        try:
+            self._start()
+            with warnings.catch_warnings():
+                # plotly passes its default options along, which a running kaleido server ignores (and says so).
+                warnings.simplefilter("ignore", UserWarning)
+                return fig.to_image(format="png", width=PNG_WIDTH, height=fig.layout.height or 450)
+        except Exception as error:  # kaleido raises its own types for a missing browser; all mean the same here
+            reason = f"{type(error).__name__}: {error}".strip()
+            if os.environ.get(REQUIRE_PNG_ENV) == "1":
+                raise RuntimeError(f"could not render a PNG copy of a figure ({reason}); stored notebooks need "
+                                   "one: install Chromium (apt-get install chromium)") from error
+            self.skipped_because = reason
+            print(f"Note: PNG copies of figures are skipped (no browser for plotly's static export: {reason}). "
+                  "The interactive figures are unaffected.")
+            return None
+
+    def _start(self) -> None:
+        if self.started:
+            return
+        import kaleido
+
+        kaleido.start_sync_server(silence_warnings=True)
+        atexit.register(kaleido.stop_sync_server, silence_warnings=True)
+        self.started = True
+
+
+png_export = PngExport()
+
+
+def figure_bundle(fig: go.Figure, *, png: bool = True) -> dict[str, object]:
+    """The MIME bundle of one figure: plotly JSON, an HTML copy for the docs site, a PNG, and a text line."""
+    spec = json.loads(pio.to_json(fig, validate=False, remove_uids=True))
+    bundle: dict[str, object] = {PLOTLY_MIME: spec}
+    bundle["text/html"] = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"wb-fig-{next(_div_ids)}",
+                                      config={"responsive": True})
+    if png and (image := png_export(fig)) is not None:
+        bundle["image/png"] = base64.b64encode(image).decode("ascii")
+    bundle["text/plain"] = f"<figure: {figure_title(fig)}>"
+    return bundle
+
+
+def figure_title(fig: go.Figure) -> str:
+    title = fig.layout.title
+    return (title.text or "untitled") if title else "untitled"
+
+
+def table_bundle(frame: pd.DataFrame, caption: str = "", *, float_format: str = "{:,.3g}") -> dict[str, object]:
+    """A table as HTML (with a caption) and as aligned plain text."""
+    formatters = {c: float_format.format for c in frame.columns if pd.api.types.is_float_dtype(frame[c])}
+    table_html = frame.to_html(formatters=formatters, border=0, classes="wb-table")
+    text = frame.to_string(formatters=formatters)
+    if caption:
+        table_html = f"<p><b>{html.escape(caption)}</b></p>{table_html}"
+        text = f"{caption}\n{text}"
+    return {"text/html": table_html, "text/plain": text}
+
+
+def html_bundle(markup: str) -> dict[str, object]:
+    """A status line: HTML, and its text with the tags stripped."""
+    return {"text/html": markup, "text/plain": _strip_tags(markup)}
+
+
+def _strip_tags(markup: str) -> str:
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
