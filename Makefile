@@ -15,7 +15,7 @@ MODEL_STAMP := $(WORKBENCH_CACHE)/smollm2-135m-instruct/workbench_provenance.jso
 INSTALL_STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup model lab test test-fast lint bench clean
+.PHONY: setup model lab test test-fast lint bench clean docs docs-serve
 
 setup: $(INSTALL_STAMP) $(MODEL_STAMP)
 
@@ -42,6 +42,15 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -m "not slow and not browser" $(PYTEST_ARGS)
 
+# The course site, from the stored notebooks (nothing is executed); offline: it fetches nothing at build or read
+# time. docs-serve serves it on http://127.0.0.1:8000 and rebuilds on change.
+export NO_MKDOCS_2_WARNING = 1
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: setup
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+
 lint: setup
 	$(BIN)/ruff check .
 
@@ -51,4 +60,4 @@ bench: setup
 	for b in $(BENCHMARKS); do echo "== $$b"; $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache test-artifacts
+	rm -rf $(VENV) .pytest_cache test-artifacts site

@@ -1,14 +1,17 @@
-"""Re-execute the chapter notebooks in place so that their committed outputs are fresh, and report how long
-each took top to bottom (the budget is 120 s per notebook on a 2-core CPU).
+"""Re-execute the chapter notebooks in place so that their committed outputs are fresh, check that every figure
+was stored whole, and report how long each took top to bottom (the budget is 120 s per notebook on a 2-core CPU).
 
 Widget state is not stored: it would embed every figure's data and plotly's JavaScript (megabytes per
-notebook), and a reader's JupyterLab rebuilds the widgets when the cells run anyway.
+notebook). What a reader without a kernel sees comes from the panels' stored outputs instead
+(`workbench.lab.stored`): each figure as plotly JSON, HTML and PNG. ``WORKBENCH_REQUIRE_PNG=1`` is set for the
+kernel, so a missing browser fails the refresh instead of storing a figure without its PNG.
 
     .venv/bin/python notebooks/refresh_outputs.py [ch02_kv_cache.ipynb ...]
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,17 +20,24 @@ import nbformat
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from notebook_outputs import check_stored_figures  # noqa: E402
+
 SIZE_LIMIT = 1 << 20
 
 
 def refresh(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
+    os.environ["WORKBENCH_REQUIRE_PNG"] = "1"  # inherited by the kernel
     client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, store_widget_state=False,
                             resources={"metadata": {"path": str(HERE)}})
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    problems = check_stored_figures(nb)
+    if problems:
+        raise SystemExit(f"{path.name}: " + "; ".join(problems))
     nbformat.write(nb, path)
     size = path.stat().st_size
     if size > SIZE_LIMIT:

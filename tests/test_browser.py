@@ -1,9 +1,10 @@
-"""Chapter 2 in a real browser: JupyterLab headless, Debian's Chromium driven by Playwright.
+"""The chapters in a real browser: JupyterLab headless, Debian's Chromium driven by Playwright.
 
-It opens a copy of the notebook (so autosave cannot touch the committed one), runs every cell, and checks what
-only a browser can: that the widget views and the plotly figures actually render (a FigureWidget can be blank,
-plotly #4998), that changing a control redraws its figure, and that no cell shows an error. A screenshot of the
-paged-memory panel goes to test-artifacts/ for a human to look at.
+It opens copies of the notebooks (so autosave cannot touch the committed ones). First, without running
+anything, every chapter's stored figures must render, as a reader who has not started a kernel sees them.
+Then chapter 2 runs top to bottom and the test checks what only a browser can: that the widget views and the
+figures actually render, that changing a control redraws its figure in place, and that no cell shows an error.
+A screenshot of the paged-memory panel goes to test-artifacts/ for a human to look at.
 
 Needs ``/usr/bin/chromium`` (``apt-get install -y chromium``; ``.ci/run`` installs it) and skips without it.
 """
@@ -15,39 +16,31 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+import nbformat
 import pytest
+from browser_helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, require_chromium
+from notebook_outputs import count_figures
 
 ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("ch[0-9][0-9]_*.ipynb"))
 NOTEBOOK = ROOT / "notebooks" / "ch02_kv_cache.ipynb"
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-# The machine's network is closed: no QUIC, no background fetches, no component updates.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
 RUN_ALL_TIMEOUT_S = 900  # ~1-2 minutes on a quiet 2-core CPU; generous for a shared one
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory):
-    if not CHROMIUM.exists():
-        pytest.skip(f"Chromium is not installed at {CHROMIUM}: run `apt-get install -y chromium` (.ci/run does)")
+    require_chromium()
     root = tmp_path_factory.mktemp("lab")
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for chapter in CHAPTERS:
+        shutil.copy(chapter, root / chapter.name)
     # Every cell in the DOM: JupyterLab otherwise detaches (or skips rendering) cells outside the viewport, and
     # the checks below count prompts, widgets and figures across the whole notebook.
     tracker = root / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
@@ -56,7 +49,7 @@ def lab_server(tmp_path_factory):
     news = root / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
     news.parent.mkdir(parents=True)
     news.write_text(json.dumps({"fetchNews": "false"}))  # no "get Jupyter news?" toast over the screenshot
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     log = (root / "server.log").open("w")
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
@@ -98,19 +91,48 @@ def _stop(server: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def page(lab_server):
+def browser():
     playwright_api = pytest.importorskip("playwright.sync_api")
-    base, token, _ = lab_server
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1500, "height": 1300})
-        page.goto(f"{base}/lab/tree/{NOTEBOOK.name}?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-        page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                               " && window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel",
-                               timeout=120_000)
-        yield page
+        yield browser
         browser.close()
+
+
+def _open(browser, lab_server, notebook: Path):
+    base, token, _ = lab_server
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    page.goto(f"{base}/lab/tree/{notebook.name}?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel",
+                           timeout=120_000)
+    return page
+
+
+@pytest.fixture(scope="module")
+def page(browser, lab_server):
+    page = _open(browser, lab_server, NOTEBOOK)
+    yield page
+    page.close()
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_stored_figures_render_before_anything_runs(browser, lab_server, chapter):
+    """A reader who opens the notebook sees every stored figure: interactive plotly where JupyterLab trusts the
+    output, its PNG copy where it does not."""
+    expected = count_figures(nbformat.read(chapter, as_version=4))
+    page = _open(browser, lab_server, chapter)
+    try:
+        selector = ".jp-OutputArea-output .js-plotly-plot, .jp-OutputArea-output[data-mime-type='image/png'] img"
+        page.wait_for_function(f"() => document.querySelectorAll(\"{selector}\").length >= {expected}",
+                               timeout=120_000, polling=500)
+        sizes = page.eval_on_selector_all(selector, "els => els.map(e => [e.getBoundingClientRect().width,"
+                                          " e.getBoundingClientRect().height])")
+        assert len(sizes) == expected and all(w > 300 and h > 200 for w, h in sizes), sizes
+        assert _errors(page) == []
+    finally:
+        page.close()
 
 
 def _errors(page) -> list[str]:

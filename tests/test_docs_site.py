@@ -1,0 +1,103 @@
+"""The course site: `mkdocs build` from the stored notebooks, then every chapter page opened in headless
+Chromium with every host but 127.0.0.1 blocked. Each stored figure must render as a laid-out plotly plot, the
+page must log no error and ask no other host for anything; screenshots of two pages go to test-artifacts/."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nbformat
+import pytest
+from browser_helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, require_chromium
+from notebook_outputs import count_figures
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = sorted((ROOT / "notebooks").glob("ch[0-9][0-9]_*.ipynb"))
+SCREENSHOTS = {"ch01_attention", "ch02_kv_cache"}
+
+pytestmark = [pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=600, env=env)
+    assert build.returncode == 0, build.stdout + build.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # the test reports failures itself
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require_chromium()
+    playwright_api = pytest.importorskip("playwright.sync_api")
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def test_site_has_a_page_per_chapter_and_no_cdn(site):
+    for chapter in CHAPTERS:
+        page = (site / chapter.stem / "index.html").read_text()
+        assert "../assets/plotly.min.js" in page and "require.min.js" not in page
+        assert 'src="http' not in page and "fonts.googleapis" not in page
+    index = (site / "index.html").read_text()
+    assert all(f"{c.stem}/" in index for c in CHAPTERS) and "Headline numbers" in index
+    assert (site / "assets" / "plotly.min.js").stat().st_size > 1_000_000
+    assert (site / "assets" / "mathjax" / "MathJax.js").exists()
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_stored_figure_renders_offline(browser, served, chapter):
+    expected = count_figures(nbformat.read(chapter, as_version=4))
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    blocked, errors = [], []
+    page.route("**/*", lambda route: route.continue_() if urlparse(route.request.url).hostname == "127.0.0.1"
+               else (blocked.append(route.request.url), route.abort()))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        page.goto(f"{served}/{chapter.stem}/", wait_until="load")
+        page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot').length >= {expected}",
+                               timeout=60_000)
+        plots = page.eval_on_selector_all(
+            ".js-plotly-plot", "els => els.map(e => ({w: e.getBoundingClientRect().width,"
+            " h: e.getBoundingClientRect().height, traces: (e._fullData || []).length}))")
+        assert len(plots) == expected
+        assert all(p["w"] > 300 and p["h"] > 200 and p["traces"] >= 1 for p in plots), plots
+        assert page.evaluate("() => typeof window.MathJax === 'object'")
+        assert blocked == [] and errors == [], (blocked, errors)
+        if chapter.stem in SCREENSHOTS:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()
+            page.screenshot(path=str(ARTIFACTS / f"docs_{chapter.stem}.png"))
+    finally:
+        page.close()
