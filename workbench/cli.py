@@ -3,6 +3,8 @@
     workbench generate "Explain the KV cache in one sentence."
     workbench info [--model llama-3-8b]
     workbench fetch
+    workbench serve [--port 8000] [--api-key KEY]      an OpenAI-compatible server with /metrics
+    workbench bench --base-url URL | --start-server    a load generator for any OpenAI-compatible server
 
 Bad input (an empty prompt, a negative temperature, ...) ends with a one-line error and exit status 2.
 """
@@ -44,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     fetch = sub.add_parser("fetch", help="convert the real model into the cache directory")
     fetch.add_argument("model", nargs="?", default="smollm2-135m")
     fetch.add_argument("--force", action="store_true", help="convert again even if present")
+
+    from workbench.bench.command import add_bench_arguments
+    from workbench.serve.options import add_server_arguments
+
+    add_server_arguments(sub.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API"))
+    add_bench_arguments(sub.add_parser("bench", help="measure TTFT/TPOT/ITL/throughput of any OpenAI endpoint"))
     return parser
 
 
@@ -114,9 +122,21 @@ def _fetch(args: argparse.Namespace) -> None:
     print(fetch_model(args.model, force=args.force))
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from workbench.serve.launch import serve_from_args
+
+    serve_from_args(args)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    from workbench.bench.command import bench_from_args
+
+    bench_from_args(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "info": _info, "fetch": _fetch}
+    handlers = {"generate": _generate, "info": _info, "fetch": _fetch, "serve": _serve, "bench": _bench}
     try:
         handlers[args.command](args)
     except (ValueError, FileNotFoundError) as exc:

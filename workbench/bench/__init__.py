@@ -5,17 +5,17 @@
 OpenAI-compatible server (the workbench's own ``workbench serve``, vLLM, SGLang) and measures what a client
 sees: TTFT, TPOT, ITL and end-to-end latency per request, throughput and goodput.
 
-The HTTP half needs httpx, which the engine does not: it is imported on first use, so the engine and
-``run_workload`` stay importable with the engine's own dependencies only.
+Names are imported on first use: the HTTP half needs httpx, which the engine does not, and the command line
+reads ``workbench.bench.command`` without loading the engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from workbench.bench.offline import BenchResult, run_workload
-
-_HTTP_NAMES = {
+_NAMES = {
+    "run_workload": "workbench.bench.offline",
+    "BenchResult": "workbench.bench.offline",
     "run_benchmark": "workbench.bench.runner",
     "ServingBenchResult": "workbench.bench.runner",
     "LoadShape": "workbench.bench.runner",
@@ -23,11 +23,11 @@ _HTTP_NAMES = {
     "summarize": "workbench.bench.stats",
 }
 
-__all__ = ["BenchResult", "run_workload", *_HTTP_NAMES]
+__all__ = list(_NAMES)
 
 
 def __getattr__(name: str) -> Any:
-    module = _HTTP_NAMES.get(name)
+    module = _NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'workbench.bench' has no attribute {name!r}")
     import importlib

@@ -1,0 +1,119 @@
+"""Bad input gets its status and OpenAI's error shape naming the bad value, and the server keeps serving;
+with an API key, a missing or wrong key gets 401 and the right one is served."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from serve_helpers import MODEL, make_engine, running_server
+
+from workbench.serve.guards import exposure_warning
+
+# A small pool (24 blocks of 16 = 384 tokens) so that a request can be too big for it yet fit the context.
+POOL_BLOCKS = 24
+MAX_BODY_BYTES = 256 * 1024
+GOOD = {"model": MODEL, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def server(real_model, tokenizer):
+    engine = make_engine(real_model, tokenizer, num_blocks=POOL_BLOCKS)
+    with running_server(engine, max_body_bytes=MAX_BODY_BYTES) as server:
+        yield server
+
+
+def _completion(**changes) -> dict:
+    return {**GOOD, **changes}
+
+
+def _without(key: str) -> dict:
+    return {k: v for k, v in GOOD.items() if k != key}
+
+
+# (name, path, JSON body or raw bytes, status, words the message must contain, param)
+CASES = [
+    ("prompt past the context", COMPLETIONS, _completion(prompt=[100] * 8200),
+     400, ["maximum context length is 8192 tokens", "you requested 8201 tokens"], "prompt"),
+    ("max_tokens past the context", COMPLETIONS, _completion(max_tokens=9000),
+     400, ["maximum context length is 8192 tokens", "9000 max_tokens"], "max_tokens"),
+    ("max_tokens zero", COMPLETIONS, _completion(max_tokens=0), 400, ["max_tokens must be >= 1, got 0"], "max_tokens"),
+    ("max_tokens wrong type", COMPLETIONS, _completion(max_tokens="ten"), 400, ["max_tokens", "integer", "ten"],
+     "max_tokens"),
+    ("temperature too high", COMPLETIONS, _completion(temperature=2.5), 400, ["temperature must be in [0, 2], got 2.5"],
+     "temperature"),
+    ("temperature negative", CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                    "temperature": -1}, 400, ["temperature must be in [0, 2], got -1"], "temperature"),
+    ("top_p zero", COMPLETIONS, _completion(top_p=0), 400, ["top_p must be in (0, 1], got 0"], "top_p"),
+    ("top_p above one", COMPLETIONS, _completion(top_p=1.5), 400, ["top_p must be in (0, 1], got 1.5"], "top_p"),
+    ("top_k below -1", COMPLETIONS, _completion(top_k=-2), 400, ["top_k must be >= -1, got -2"], "top_k"),
+    ("n zero", COMPLETIONS, _completion(n=0), 400, ["n must be >= 1, got 0"], "n"),
+    ("n above max_num_seqs", COMPLETIONS, _completion(n=500), 400, ["n must be in [1, 32]", "500"], "n"),
+    ("empty messages", CHAT, {"model": MODEL, "messages": []}, 400, ["messages must be a non-empty list"],
+     "messages"),
+    ("message without role", CHAT, {"model": MODEL, "messages": [{"content": "hi"}]}, 400, ["role"], "messages"),
+    ("message with an unknown role", CHAT, {"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]},
+     400, ["role", "robot"], "messages"),
+    ("messages not a list", CHAT, {"model": MODEL, "messages": "hello"}, 400, ["messages"], "messages"),
+    ("user message without content", CHAT, {"model": MODEL, "messages": [{"role": "user"}]}, 400,
+     ["messages[0]", "no content"], "messages"),
+    ("empty prompt", COMPLETIONS, _completion(prompt=""), 400, ["prompt must be non-empty"], "prompt"),
+    ("missing prompt", COMPLETIONS, _without("prompt"), 400, ["prompt", "required"], "prompt"),
+    ("token id outside the vocabulary", COMPLETIONS, _completion(prompt=[1, 999999]), 400,
+     ["token id 999999", "outside the vocabulary"], None),
+    ("never fits the KV pool", COMPLETIONS, _completion(prompt="word " * 100, max_tokens=600), 400,
+     ["KV blocks", f"the whole cache has {POOL_BLOCKS}"], None),
+    ("unsupported penalty", COMPLETIONS, _completion(presence_penalty=0.5), 400, ["presence_penalty"],
+     "presence_penalty"),
+    ("logprobs", COMPLETIONS, _completion(logprobs=2), 400, ["logprobs are not supported"], "logprobs"),
+    ("unknown model", COMPLETIONS, _completion(model="gpt-9"), 404, ["'gpt-9' does not exist", MODEL], "model"),
+    ("malformed JSON", COMPLETIONS, b'{"prompt": "hi", ', 400, ["not valid JSON"], None),
+    ("JSON that is not an object", COMPLETIONS, b"[1, 2]", 400, ["body"], None),
+    ("oversized body", COMPLETIONS, _completion(prompt="x" * (MAX_BODY_BYTES + 10)), 413,
+     ["larger than the limit", str(MAX_BODY_BYTES)], None),
+    ("unknown route", "/v1/embeddings", GOOD, 404, ["no route POST /v1/embeddings"], None),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "words", "param"), [case[1:] for case in CASES],
+                         ids=[case[0] for case in CASES])
+def test_bad_input_is_refused_and_server_keeps_serving(server, path, body, status, words, param):
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        if isinstance(body, bytes):
+            response = client.post(path, content=body, headers={"content-type": "application/json"})
+        else:
+            response = client.post(path, json=body)
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert error["type"] == "invalid_request_error"
+        for word in words:
+            assert word in error["message"], error["message"]
+        assert error["param"] == param
+        after = client.post(COMPLETIONS, json=GOOD)
+        assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] == 1
+
+
+def test_api_key_is_required_on_v1_routes(real_model, tokenizer):
+    engine = make_engine(real_model, tokenizer, num_blocks=64)
+    with running_server(engine, api_key="s3cret-key") as server, httpx.Client(base_url=server.url) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-key"},
+                        {"Authorization": "Bearer s3cret-key-and-more"}):
+            for method, path in (("post", COMPLETIONS), ("get", "/v1/models")):
+                response = getattr(client, method)(path, json=GOOD, headers=headers) if method == "post" \
+                    else client.get(path, headers=headers)
+                assert response.status_code == 401, (headers, path)
+                assert response.json()["error"]["code"] == "invalid_api_key"
+        served = client.post(COMPLETIONS, json=GOOD, headers={"Authorization": "Bearer s3cret-key"})
+        assert served.status_code == 200 and served.json()["choices"][0]["text"] is not None
+        assert client.get("/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
+        assert client.get("/health").status_code == 200  # as in vLLM, health and metrics stay open
+        assert client.get("/metrics").status_code == 200
+
+
+def test_exposure_warning_only_beyond_loopback_without_key():
+    assert exposure_warning("127.0.0.1", None) is None
+    assert exposure_warning("0.0.0.0", "key") is None
+    warning = exposure_warning("0.0.0.0", None)
+    assert warning is not None and "--api-key" in warning and "0.0.0.0" in warning

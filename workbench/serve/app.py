@@ -1,0 +1,100 @@
+"""The FastAPI application: OpenAI's endpoints and vLLM's extras over one engine.
+
+    POST /v1/completions        raw text (or token ids) in, text out; streaming with server-sent events
+    POST /v1/chat/completions   chat messages through the model's chat template
+    GET  /v1/models             the one served model
+    POST /tokenize              vLLM's tokenizer endpoint
+    GET  /health                200 while the engine loop runs, 503 otherwise
+    GET  /metrics               Prometheus text exposition, vLLM's metric names
+
+``create_app`` wires an ``LLMEngine`` into an app whose lifespan starts and stops the ``EngineLoop``: the
+server adapts the engine, it does not schedule. With ``api_key`` every ``/v1`` route needs
+``Authorization: Bearer <key>`` (as in vLLM, /health, /metrics and /tokenize stay open).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from workbench.engine.llm_engine import LLMEngine
+from workbench.serve.engine_loop import DEFAULT_RETAIN_FINISHED, EngineLoop
+from workbench.serve.errors import APIError, error_response, install_error_handlers
+from workbench.serve.generation import Generator
+from workbench.serve.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, check_api_key
+from workbench.serve.metrics import ServingMetrics
+from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+
+
+def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               retain_finished: int = DEFAULT_RETAIN_FINISHED) -> FastAPI:
+    """An app serving ``engine`` as ``model_name``. The engine must have a tokenizer."""
+    if engine.tokenizer is None:
+        raise ValueError("the server needs an engine with a tokenizer (to apply chat templates and decode text)")
+    if not model_name:
+        raise ValueError("model_name must be a non-empty string")
+    max_context = engine.model.spec.max_context
+    loop = EngineLoop(engine, ServingMetrics(model_name, max_context), retain_finished=retain_finished)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loop.start()
+        try:
+            yield
+        finally:
+            loop.stop()
+
+    app = FastAPI(title="KV Workbench", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine_loop = loop
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    install_error_handlers(app)
+    generator = Generator(loop, model_name, max_context)
+
+    async def authorized(authorization: str | None = Header(None)) -> None:
+        if api_key:
+            check_api_key(authorization, api_key)
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+
+    @v1.get("/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": generator.created,
+                                            "owned_by": "kv-workbench", "max_model_len": max_context}]}
+
+    @v1.post("/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await generator.respond(body, request, chat=False)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await generator.respond(body, request, chat=True)
+
+    app.include_router(v1)
+    _add_service_routes(app, loop, generator)
+    return app
+
+
+def _add_service_routes(app: FastAPI, loop: EngineLoop, generator: Generator) -> None:
+    @app.get("/health")
+    async def health() -> Response:
+        if not loop.alive:
+            return error_response(503, "the engine loop is not running", code="service_unavailable",
+                                  type_="server_error")
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(loop.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        generator.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", param="prompt")
+        tokens = await generator.tokenize(body)
+        return JSONResponse({"count": len(tokens), "max_model_len": generator.max_context, "tokens": tokens})

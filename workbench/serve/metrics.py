@@ -1,0 +1,145 @@
+"""Prometheus metrics under vLLM's V1 names, so dashboards and alerts written for vLLM read this server.
+
+Names, types, labels (``model_name``) and histogram buckets follow vLLM's ``PrometheusStatLogger``: counters
+appear as ``vllm:<name>_total`` in the text exposition, token counts are in tokens, times in seconds,
+``kv_cache_usage_perc`` is a fraction (1 = full). Each server owns its ``CollectorRegistry``, so several
+servers (or test fixtures) in one process never share or clash over series.
+
+Only the engine thread writes here (after each step, from the engine's own records: step records, finished
+sequences, the block manager's prefix-cache counters), so the numbers agree with the engine's pandas frames;
+prometheus-client's metric objects are thread-safe for the scrape that reads them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from workbench.engine.sequence import Sequence
+from workbench.metrics.recorder import StepRecord
+
+# vLLM's buckets (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                         20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+def one_two_five_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's buckets for token counts)."""
+    buckets, scale = [], 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+class ServingMetrics:
+    """The server's Prometheus series for one served model."""
+
+    def __init__(self, model_name: str, max_model_len: int):
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        self._build_scheduler_series()
+        self._build_request_series(max_model_len)
+        self._build_spec_series()
+
+    # ---------------------------------------------------------------------------------------- definitions
+    def _labelled(self, kind, name: str, doc: str, **kwargs):
+        return kind(name, doc, ["model_name"], registry=self.registry, **kwargs).labels(self.model_name)
+
+    def _build_scheduler_series(self) -> None:
+        self.running = self._labelled(Gauge, "vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = self._labelled(Gauge, "vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = self._labelled(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
+        self.prefix_queries = self._labelled(Counter, "vllm:prefix_cache_queries",
+                                             "Prefix cache queries, in prompt tokens looked up.")
+        self.prefix_hits = self._labelled(Counter, "vllm:prefix_cache_hits",
+                                          "Prefix cache hits, in prompt tokens served from the cache.")
+        self.preemptions = self._labelled(Counter, "vllm:num_preemptions", "Preemptions by the scheduler.")
+        self.iteration_tokens = self._labelled(Histogram, "vllm:iteration_tokens_total", "Tokens per engine step.",
+                                               buckets=ITERATION_TOKEN_BUCKETS)
+
+    def _build_request_series(self, max_model_len: int) -> None:
+        self.prompt_tokens = self._labelled(Counter, "vllm:prompt_tokens", "Prompt tokens of requests prefilled.")
+        self.generation_tokens = self._labelled(Counter, "vllm:generation_tokens", "Tokens generated.")
+        success = Counter("vllm:request_success", "Finished requests, by finish reason.",
+                          ["model_name", "finished_reason"], registry=self.registry)
+        self.success = {reason: success.labels(self.model_name, reason) for reason in FINISH_REASONS}
+        token_buckets = one_two_five_buckets(max_model_len)
+        self.request_prompt_tokens = self._labelled(Histogram, "vllm:request_prompt_tokens",
+                                                    "Prompt tokens per finished request.", buckets=token_buckets)
+        self.request_generation_tokens = self._labelled(Histogram, "vllm:request_generation_tokens",
+                                                        "Generated tokens per finished request.",
+                                                        buckets=token_buckets)
+        self.ttft = self._labelled(Histogram, "vllm:time_to_first_token_seconds", "Time to first token.",
+                                   buckets=TTFT_BUCKETS)
+        self.itl = self._labelled(Histogram, "vllm:inter_token_latency_seconds",
+                                  "Time between consecutive output tokens.", buckets=TOKEN_LATENCY_BUCKETS)
+        self.tpot = self._labelled(Histogram, "vllm:request_time_per_output_token_seconds",
+                                   "Mean time per output token after the first, per request.",
+                                   buckets=TOKEN_LATENCY_BUCKETS)
+        self.e2e = self._labelled(Histogram, "vllm:e2e_request_latency_seconds", "Arrival to finish.",
+                                  buckets=REQUEST_LATENCY_BUCKETS)
+        self.queue_time = self._labelled(Histogram, "vllm:request_queue_time_seconds",
+                                         "Arrival to first scheduled.", buckets=REQUEST_LATENCY_BUCKETS)
+
+    def _build_spec_series(self) -> None:
+        self.spec_drafts = self._labelled(Counter, "vllm:spec_decode_num_drafts", "Speculative verification passes.")
+        self.spec_draft_tokens = self._labelled(Counter, "vllm:spec_decode_num_draft_tokens", "Tokens drafted.")
+        self.spec_accepted = self._labelled(Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self._accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                         "Draft tokens accepted, by draft position (0 = first).",
+                                         ["model_name", "position"], registry=self.registry)
+
+    # ------------------------------------------------------------------------------------------- updates
+    def record_step(self, step: StepRecord) -> None:
+        self.preemptions.inc(step.preemptions)
+        self.iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
+
+    def record_scheduler(self, running: int, waiting: int, kv_usage: float, prefix_queries: int,
+                         prefix_hits: int) -> None:
+        """Gauges now, and the prefix-cache counters' growth since the last call."""
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
+        self.prefix_queries.inc(prefix_queries)
+        self.prefix_hits.inc(prefix_hits)
+
+    def record_tokens(self, prompt_tokens: int, generation_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generation_tokens)
+
+    def record_finished(self, seq: Sequence) -> None:
+        """Per-request histograms from one finished sequence's timeline (the recorder's own fields)."""
+        reason = seq.finish_reason.value if seq.finish_reason else "abort"
+        self.success[reason].inc()
+        self.request_prompt_tokens.observe(len(seq.prompt_ids))
+        self.request_generation_tokens.observe(len(seq.output_ids))
+        if seq.finish_time is not None:
+            self.e2e.observe(seq.finish_time - seq.arrival_time)
+        if seq.first_scheduled_time is not None:
+            self.queue_time.observe(seq.first_scheduled_time - seq.arrival_time)
+        times = seq.token_times
+        if times:
+            self.ttft.observe(times[0] - seq.arrival_time)
+        for earlier, later in zip(times, times[1:], strict=False):
+            self.itl.observe(later - earlier)
+        if len(times) > 1:
+            self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+        spec = seq.spec
+        if spec.passes:
+            self.spec_drafts.inc(spec.passes)
+            self.spec_draft_tokens.inc(spec.drafted)
+            self.spec_accepted.inc(spec.accepted)
+            for position, accepted in enumerate(spec.accepted_at):
+                self._accepted_per_pos.labels(self.model_name, str(position)).inc(accepted)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format (version 0.0.4) of every series."""
+        return generate_latest(self.registry)

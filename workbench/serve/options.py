@@ -1,0 +1,74 @@
+"""Command-line options of ``workbench serve``: the server's own, and the engine's cache, scheduler and
+speculative settings, turned into the validated config dataclasses.
+
+Only argparse and the engine's configs are imported here (no FastAPI), so ``workbench --help`` and the other
+sub-commands work where the serving packages are absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from workbench.config import BATCHING_MODES, SPEC_METHODS, CacheConfig, SchedulerConfig, SpecConfig
+
+API_KEY_ENV = "WORKBENCH_API_KEY"
+DEFAULT_PORT = 8000
+# Seconds running requests get to finish after SIGINT/SIGTERM before they are aborted.
+DEFAULT_SHUTDOWN_GRACE_S = 10.0
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    engine = parser.add_argument_group("engine")
+    engine.add_argument("--model", default="smollm2-135m")
+    engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    engine.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from the memory budget)")
+    engine.add_argument("--kv-budget-mib", type=int, default=None, help="KV-cache memory budget in MiB")
+    engine.add_argument("--kv-cache-dtype", default="auto")
+    engine.add_argument("--no-prefix-caching", action="store_true")
+    engine.add_argument("--max-num-seqs", type=int, default=32)
+    engine.add_argument("--max-num-batched-tokens", type=int, default=512)
+    engine.add_argument("--no-chunked-prefill", action="store_true")
+    engine.add_argument("--max-prefill-chunk", type=int, default=None)
+    engine.add_argument("--batching", choices=BATCHING_MODES, default="continuous")
+    engine.add_argument("--speculative-method", choices=SPEC_METHODS, default=None,
+                        help="speculative decoding: ngram (prompt lookup) or draft (default: off)")
+    engine.add_argument("--num-speculative-tokens", type=int, default=4)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    server.add_argument("--port", type=int, default=DEFAULT_PORT)
+    server.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model)")
+    server.add_argument("--api-key", default=None,
+                        help=f"require 'Authorization: Bearer KEY' on /v1 routes (or set {API_KEY_ENV})")
+    server.add_argument("--max-body-bytes", type=int, default=None, help="largest request body accepted (413)")
+    server.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE_S,
+                        help="seconds running requests may finish after SIGINT/SIGTERM before being aborted")
+    server.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def engine_configs(args: argparse.Namespace) -> dict:
+    """CacheConfig, SchedulerConfig and SpecConfig from parsed options (each validates itself)."""
+    budget = args.kv_budget_mib * 2**20 if args.kv_budget_mib is not None else None
+    configs = {
+        "cache_config": CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks, memory_budget_bytes=budget,
+                                    enable_prefix_caching=not args.no_prefix_caching,
+                                    kv_cache_dtype=args.kv_cache_dtype),
+        "scheduler_config": SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
+                                            max_num_seqs=args.max_num_seqs,
+                                            enable_chunked_prefill=not args.no_chunked_prefill,
+                                            max_prefill_chunk=args.max_prefill_chunk, batching=args.batching),
+    }
+    if args.speculative_method is not None:
+        configs["spec_config"] = SpecConfig(method=args.speculative_method,
+                                            num_speculative_tokens=args.num_speculative_tokens)
+    return configs
+
+
+def api_key_from(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None

@@ -1,0 +1,80 @@
+"""OpenAI's response bodies and streaming chunks, for completions and chat completions.
+
+One ``Responder`` per request knows its id, model, kind and choice count, and turns engine events into the
+JSON a client expects: whole responses, ``data: {...}`` server-sent events, the usage chunk with empty
+``choices`` that ``stream_options.include_usage`` asks for, and the closing ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from workbench.serve.errors import SERVER_ERROR, error_body
+from workbench.serve.streams import ChoiceDelta, StreamEvent, Usage
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+class Responder:
+    def __init__(self, request_id: str, model: str, *, chat: bool, n: int, include_usage: bool = False):
+        self.request_id, self.model, self.chat, self.n = request_id, model, chat, n
+        self.include_usage = include_usage
+        self.created = int(time.time())
+
+    def _envelope(self, object_: str, choices: list[dict]) -> dict:
+        return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
+                "choices": choices}
+
+    # ------------------------------------------------------------------------------------------ streaming
+    def _chunk(self, choices: list[dict]) -> dict:
+        chunk = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
+        if self.include_usage:
+            chunk["usage"] = None  # OpenAI: null on every chunk but the last
+        return chunk
+
+    def opening_events(self) -> list[str]:
+        """Chat streams start by naming the assistant role, one chunk per choice."""
+        if not self.chat:
+            return []
+        return [sse(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                  "finish_reason": None}])) for i in range(self.n)]
+
+    def _stream_choice(self, delta: ChoiceDelta) -> dict:
+        if self.chat:
+            body = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {}}
+        else:
+            body = {"index": delta.index, "text": delta.text}
+        body.update(logprobs=None, finish_reason=delta.finish_reason)
+        return body
+
+    def events(self, event: StreamEvent) -> list[str]:
+        """SSE lines for one engine event (the usage chunk and [DONE] come with the last one)."""
+        out = [sse(self._chunk([self._stream_choice(delta)])) for delta in event.choices]
+        if event.error is not None:
+            out.append(sse(error_body(event.error, SERVER_ERROR, code=500)))
+        if event.usage is not None and self.include_usage:
+            usage_chunk = self._chunk([])
+            usage_chunk["usage"] = event.usage.to_dict()
+            out.append(sse(usage_chunk))
+        if event.is_last:
+            out.append(DONE)
+        return out
+
+    # ---------------------------------------------------------------------------------------- whole body
+    def full(self, texts: list[str], finish_reasons: list[str | None], usage: Usage) -> dict:
+        choices = []
+        for index, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
+            if self.chat:
+                choice = {"index": index, "message": {"role": "assistant", "content": text}}
+            else:
+                choice = {"index": index, "text": text}
+            choice.update(logprobs=None, finish_reason=reason)
+            choices.append(choice)
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        body["usage"] = usage.to_dict()
+        return body

@@ -1,0 +1,109 @@
+"""What travels from the engine thread to one HTTP handler: a request's output, piece by piece.
+
+The engine thread turns each step's outputs into ``StreamEvent`` s (new text and token counts per choice)
+and hands them to the request's ``RequestStream`` through ``loop.call_soon_threadsafe``; the handler, on the
+event loop, iterates the stream. The last event of every request carries its ``Usage`` (or an error), so
+a handler never waits for an event that will not come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from workbench.engine.outputs import RequestOutput
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    index: int
+    text: str
+    num_tokens: int
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+
+    def to_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+@dataclass(slots=True)
+class StreamEvent:
+    choices: list[ChoiceDelta]
+    usage: Usage | None = None  # set on the request's last event
+    error: str | None = None  # the engine failed this request; also the last event
+
+    @property
+    def is_last(self) -> bool:
+        return self.usage is not None or self.error is not None
+
+
+class RequestStream:
+    """One request's events, produced on the engine thread and consumed on the event loop."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop):
+        self.request_id = request_id
+        self.num_prompt_tokens = 0
+        self.finished = False  # the last event has been consumed
+        self._loop = loop
+        self._queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+
+    def push(self, event: StreamEvent) -> None:
+        """Called from the engine thread."""
+        with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self.finished:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        self.finished = event.is_last
+        return event
+
+
+class DeltaTracker:
+    """How much of each choice has been sent, so cumulative engine outputs become deltas."""
+
+    __slots__ = ("stream", "sent_tokens", "sent_chars", "done", "counted_prompt")
+
+    def __init__(self, stream: RequestStream, num_choices: int):
+        self.stream = stream
+        self.sent_tokens = [0] * num_choices
+        self.sent_chars = [0] * num_choices
+        self.done = [False] * num_choices
+        self.counted_prompt = False  # its prompt tokens went into vllm:prompt_tokens
+
+    def deltas(self, output: RequestOutput) -> list[ChoiceDelta]:
+        out = []
+        for completion in output.outputs:
+            i = completion.index
+            new_tokens = len(completion.token_ids) - self.sent_tokens[i]
+            text = completion.text[self.sent_chars[i]:]
+            closing = completion.finish_reason is not None and not self.done[i]
+            if new_tokens or text or closing:
+                out.append(ChoiceDelta(i, text, new_tokens, completion.finish_reason))
+            self.sent_tokens[i] = len(completion.token_ids)
+            self.sent_chars[i] = len(completion.text)
+            self.done[i] = self.done[i] or closing
+        return out
+
+    def close_all(self, reason: str) -> list[ChoiceDelta]:
+        """Closing deltas for the choices still open, for a request ended outside a step (abort, shutdown)."""
+        out = [ChoiceDelta(i, "", 0, reason) for i, done in enumerate(self.done) if not done]
+        self.done = [True] * len(self.done)
+        return out
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(self.sent_tokens)
