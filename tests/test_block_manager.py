@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.block_manager import BlockManager, NoFreeBlocksError
 
 
@@ -38,7 +39,7 @@ def test_add_reserve_and_slots():
     assert bm.slots(1, 2, 9) == [bm.slot(1, p) for p in range(2, 9)]
     assert bm.slots(1, 4, 4) == []
     assert bm.num_reserved_tokens(1) == 10 and bm.num_computed_tokens(1) == 0
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_slots_follow_a_scattered_table():
@@ -66,7 +67,7 @@ def test_decode_allocates_one_block_per_block_size_tokens():
         bm.mark_computed(1, n)
         sizes.append(len(bm.block_table(1)))
     assert sizes == [1, 2, 2, 2, 2, 3, 3, 3, 3, 4]
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_reserve_is_idempotent_and_never_shrinks():
@@ -93,7 +94,7 @@ def test_free_returns_every_block_and_forgets_the_sequence():
     assert bm.num_free_blocks == 6 and bm.num_used_blocks == 0 and 1 not in bm
     with pytest.raises(ValueError, match="unknown seq_id 1"):
         bm.free(1)
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_speculative_over_reservation_then_truncate_frees_exactly_the_surplus():
@@ -108,7 +109,7 @@ def test_speculative_over_reservation_then_truncate_frees_exactly_the_surplus():
     assert bm.num_used_blocks == used - 1 and len(bm.block_table(1)) == 3
     assert bm.num_reserved_tokens(1) == 12 and bm.num_computed_tokens(1) == 12
     assert bm.token_ids(1) == list(range(10)) + [50, 51]
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_truncate_reservation_without_appended_drafts():
@@ -147,7 +148,7 @@ def test_truncate_into_a_cached_block_copies_on_the_next_write():
     assert bm.prefix_cache.entry(cached).token_ids == (5, 6, 7, 8)  # the cached block was not overwritten
     assert cached in bm.evictable_blocks()
     assert bm.add_sequence(2, [1, 2, 3, 4, 5, 6, 7, 8, 0]) == 8  # and still serves the old prefix
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ------------------------------------------------------------------------------------- fork / copy-on-write
@@ -170,7 +171,7 @@ def test_fork_shares_blocks_and_divergent_appends_copy_on_write():
     assert bm.ref_count(shared[0]) == 2 and bm.ref_count(shared[1]) == 1 and bm.ref_count(child[1]) == 1
     bm.mark_computed(1, 7)
     bm.mark_computed(2, 7)
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_fork_at_a_block_boundary_needs_no_copy():
@@ -193,7 +194,7 @@ def test_forked_lookahead_block_is_replaced_without_a_copy():
     assert bm.reserve(2, 10) == []                # nothing to copy: the block held no KV of seq 2
     assert bm.block_table(2)[2] != lookahead and bm.block_table(1)[2] == lookahead
     assert bm.ref_count(lookahead) == 1
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_copy_on_write_replaces_every_shared_block_from_the_first_write_on():
@@ -206,7 +207,7 @@ def test_copy_on_write_replaces_every_shared_block_from_the_first_write_on():
     assert bm.blocks_to_reserve(0, 1) == 2
     assert bm.reserve(0, 1) == []                 # nothing computed: two fresh blocks, no copies
     assert not set(bm.block_table(0)) & set(bm.block_table(2))
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_mark_computed_refuses_kv_written_into_a_shared_block():
@@ -255,7 +256,7 @@ def test_no_free_blocks_leaves_state_unchanged():
     with pytest.raises(NoFreeBlocksError, match="needs 3 blocks"):
         bm.reserve(2, 7)                          # needs a copy of block 1 plus 2 new blocks; 2 are free
     assert snapshot(bm) == before
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ------------------------------------------------------------------------------------------------- errors
@@ -325,14 +326,14 @@ def test_mark_computed_needs_reserved_slots():
 def test_check_invariants_catches_corruption():
     bm = BlockManager(8, 2)
     computed_seq(bm, 1, [1, 2, 3, 4, 5])
-    bm.check_invariants()
+    check_block_manager(bm)
     bm._pool.ref[bm.block_table(1)[0]] += 1
     with pytest.raises(AssertionError, match="ref count"):
-        bm.check_invariants()
+        check_block_manager(bm)
     bm._pool.ref[bm.block_table(1)[0]] -= 1
     bm._pool.free.append(bm.block_table(1)[2])
     with pytest.raises(AssertionError):
-        bm.check_invariants()
+        check_block_manager(bm)
 
 
 # ------------------------------------------------------------------------------------ property-based tests
@@ -469,7 +470,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not hasattr(self, "bm"):
             return
         bm, size = self.bm, self.bm.block_size
-        bm.check_invariants()
+        check_block_manager(bm)
         for seq_id, tokens in self.tokens.items():
             assert bm.token_ids(seq_id) == tokens
             computed = bm.num_computed_tokens(seq_id)
@@ -482,7 +483,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         for seq_id in list(self.tokens):
             self.bm.free(seq_id)
-        self.bm.check_invariants()
+        check_block_manager(self.bm)
         assert self.bm.num_free_blocks == self.bm.num_blocks and self.bm.num_used_blocks == 0
 
 

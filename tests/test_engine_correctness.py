@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from workbench.cache.block_invariants import check_block_manager
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
@@ -35,7 +36,7 @@ def engines():
     for engine in made:
         assert not engine.has_unfinished_requests()
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks, "blocks leaked"
-        engine.blocks.check_invariants()
+        check_block_manager(engine.blocks)
 
 
 @pytest.fixture(scope="module")

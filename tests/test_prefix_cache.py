@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.block_manager import BlockManager
 from workbench.cache.prefix_cache import ROOT, PrefixCache, default_block_hash
 
@@ -33,7 +34,7 @@ def test_hit_at_a_block_boundary():
     assert bm.block_table(2) == bm.block_table(1)[:2]
     assert [bm.ref_count(b) for b in bm.block_table(1)] == [2, 2, 1]
     assert bm.num_computed_tokens(2) == 8 and bm.num_reserved_tokens(2) == 8
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_hit_stops_at_the_last_full_matching_block():
@@ -53,7 +54,7 @@ def test_fully_cached_prompt_still_computes_its_last_block():
     bm.mark_computed(2, 8)
     # Its recomputed copy of block 1 duplicates a cached block: it switches to the cached one and frees its own.
     assert bm.block_table(2) == bm.block_table(1) and bm.num_used_blocks == 2
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_a_prompt_within_one_block_never_hits():
@@ -93,7 +94,7 @@ def test_truncate_keeps_shared_cached_blocks():
     bm.truncate(1, 2)                                           # seq 1 rolls back into block 0
     assert bm.num_cached_blocks == 2 and bm.block_table(2) == [0, 1] and bm.ref_count(1) == 1
     assert bm.add_sequence(3, list(range(9))) == 8
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ---------------------------------------------------------------------------------------------- eviction
@@ -112,7 +113,7 @@ def test_eviction_takes_never_cached_blocks_first_then_lru_leaves_first():
     assert bm.block_table(3) == [3, 2] and bm.evictable_blocks() == [1, 0, 5, 4]
     assert bm.stats.evicted_blocks == 1 and bm.stats.evicted_tokens == 2
     assert bm.add_sequence(4, [1, 2, 3, 4, 5, 6, 0]) == 4      # the rest of seq 1's prefix still hits
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_a_hit_refreshes_lru_position():
@@ -125,7 +126,7 @@ def test_a_hit_refreshes_lru_position():
     computed_seq(bm, 3, [1, 2, 6])                              # hits block 0
     bm.free(3)
     assert bm.evictable_blocks() == [1, 4, 3, 0]
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_clear_prefix_cache_drops_only_unreferenced_blocks():
@@ -138,7 +139,7 @@ def test_clear_prefix_cache_drops_only_unreferenced_blocks():
     assert bm.add_sequence(3, [1, 2, 3, 4, 5]) == 0
     assert bm.add_sequence(4, [7, 8, 0]) == 2
     assert bm.stats.evicted_blocks == 0
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ---------------------------------------------------------------------------------------------- counters
@@ -165,7 +166,7 @@ def test_prefix_caching_off():
     assert bm.evictable_blocks() == [] and bm.num_free_blocks == 5
     assert bm.blocks_needed([1, 2, 3, 4, 5]) == 3
     assert bm.stats.queried_tokens == 10 and bm.stats.hit_tokens == 0 and bm.stats.hit_rate == 0.0
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ------------------------------------------------------------------------------------------- collisions
@@ -177,7 +178,7 @@ def test_a_hash_where_everything_collides_never_returns_wrong_blocks():
     assert bm.block_table(2) == bm.block_table(1)[:1]
     assert bm.add_sequence(3, [2] * 9) == 0                     # same hash, other tokens: a miss
     assert bm.stats.hit_tokens == 4
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_a_hash_that_ignores_the_parent_cannot_confuse_positions():
@@ -187,7 +188,7 @@ def test_a_hash_that_ignores_the_parent_cannot_confuse_positions():
     assert bm.num_cached_blocks == 2                            # ... and not cached (the hash is taken)
     assert bm.add_sequence(3, [5, 5, 5, 5, 1, 1, 1, 1, 0]) == 8
     assert bm.add_sequence(4, [1, 1, 1, 1, 1, 1, 1, 1, 2]) == 0
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ---------------------------------------------------------------------------------------------- duplicates
@@ -206,7 +207,7 @@ def test_concurrent_identical_prompts_end_up_sharing_blocks():
     bm.reserve(2, 12)
     bm.mark_computed(2, 12)
     assert bm.add_sequence(3, prompt + [20, 21, 30]) == 12
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 def test_switching_to_a_cached_duplicate_never_splits_fork_siblings():
@@ -222,7 +223,7 @@ def test_switching_to_a_cached_duplicate_never_splits_fork_siblings():
     bm.reserve(1, 8)
     bm.mark_computed(1, 8)                                      # seq 1's (2, 2) block is shared with seq 2
     assert bm.block_table(1)[:3] == bm.block_table(2)[:3]
-    bm.check_invariants()
+    check_block_manager(bm)
 
 
 # ------------------------------------------------------------------------------------------ blocks_needed
@@ -282,5 +283,5 @@ def test_hits_match_a_reference_model(block_size, requests):
         computed.update(tuple(prompt[:end]) for end in range(block_size, len(prompt) + 1, block_size))
         if finish:
             bm.free(seq_id)
-        bm.check_invariants()
+        check_block_manager(bm)
     assert bm.stats.evicted_blocks == 0

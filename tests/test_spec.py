@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import workbench
+from workbench.cache.block_invariants import check_block_manager
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
@@ -133,7 +134,7 @@ def spec_engine(model, tokenizer, spec, draft=None, **sched):
 
 def check_idle(engine):
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks, "blocks leaked"
-    engine.blocks.check_invariants()
+    check_block_manager(engine.blocks)
 
 
 @pytest.mark.parametrize("k", [1, 4])

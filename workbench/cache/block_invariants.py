@@ -1,6 +1,6 @@
 """Consistency checks for the block manager, kept apart from it because they are slow on purpose.
 
-``BlockManager.check_invariants()`` calls :func:`check_block_manager`, which recomputes from scratch everything
+:func:`check_block_manager` recomputes from scratch everything
 the manager maintains incrementally (reference counts, the free/evictable/used partition, the prefix-cache
 index) and the properties that make sharing safe: a cached block's stored tokens equal the tokens of every
 sequence that maps it, tables sharing a block agree on every block before it (so all users of a cached block
@@ -11,12 +11,9 @@ Property tests call it after every step; the engine never does.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
+from workbench.cache.block_manager import BlockManager, _SeqState
 from workbench.cache.prefix_cache import ROOT
-
-if TYPE_CHECKING:
-    from workbench.cache.block_manager import BlockManager, _SeqState
 
 
 def _require(ok: bool, message: str) -> None:

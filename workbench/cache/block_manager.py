@@ -21,7 +21,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.block_pool import BlockPool
 from workbench.cache.prefix_cache import ROOT, HashFn, PrefixCache, PrefixCacheStats
 
@@ -275,10 +274,6 @@ class BlockManager:
     def clear_prefix_cache(self) -> None:
         """Drop every unreferenced cached block (they become plain free blocks); blocks in use stay cached."""
         self._pool.clear_cache()
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError describing the first broken invariant (for tests and debugging; O(blocks))."""
-        check_block_manager(self)
 
     # ------------------------------------------------------------------------------------------- internals
     def _get(self, seq_id: int) -> _SeqState:
