@@ -34,7 +34,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000")
     target.add_argument("--start-server", action="store_true", help="start `workbench serve` here for this run")
-    target.add_argument("--server-args", default="", help="extra options for the started server, one string")
+    target.add_argument("--server-args", default="",
+                        help="options for the started server, e.g. --server-args='--num-blocks 512'")
     target.add_argument("--model", default=None, help="model name to request (default: the server's first)")
     target.add_argument("--api-key", default=None)
     target.add_argument("--endpoint", choices=ENDPOINTS, default="auto",
