@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from workbench.config import SamplingParams
-from workbench.engine.sampler import make_generator, probabilities, sample, sample_batch
+from workbench.sampling import make_generator, probabilities, sample, sample_batch
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
 

@@ -21,10 +21,10 @@ import torch
 from workbench.cache.contiguous import ContiguousKVCache
 from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
-from workbench.engine.sampler import make_generator, sample
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
 from workbench.prompts import check_prompt_fits, encode_prompt, eos_token_ids
+from workbench.sampling import make_generator, sample
 
 
 @dataclass(slots=True)

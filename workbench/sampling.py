@@ -1,5 +1,9 @@
 """Turning logits into next tokens: greedy, temperature, top-k and top-p, reproducible per request.
 
+A module of its own, outside ``workbench.engine``, because three parts draw tokens the same way: the engine,
+the single-sequence loops of ``workbench.generation``, and the speculative draft proposer (whose drafts must
+come from the very distribution the verifier later compares against).
+
 Each request with a seed owns a ``torch.Generator``, so its draws do not depend on which other requests
 share the batch. ``probabilities`` is separate from ``sample`` because speculative decoding needs the
 filtered distributions themselves (the rejection rule compares target and draft probabilities).

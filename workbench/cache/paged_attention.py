@@ -1,38 +1,22 @@
-"""Attention over the paged KV cache for one mixed forward pass: the backend the model runner hands the model.
+"""Attention over the paged KV cache for one mixed forward pass: the backend a paged forward hands the model.
 
-A step's flat batch puts decode sequences first (one query token each), then prefill chunks. For each layer
-the backend writes the new keys and values into their slots, then runs the decode kernel over the decode rows
-and the prefill kernel (causal inside the chunk, full over the cached prefix) over the rest: two launches per
-layer whatever the batch mix. Kernels come from ``workbench_kernels``: Triton on CUDA, references on the CPU.
+The engine's model runner and the speculative draft proposer both run their models through it. A flat batch
+(`workbench.cache.paged_batch`) puts decode sequences first (one query token each), then prefill chunks. For
+each layer the backend writes the new keys and values into their slots, then runs the decode kernel over the
+decode rows and the prefill kernel (causal inside the chunk, full over the cached prefix) over the rest: two
+launches per layer whatever the batch mix. Kernels come from ``workbench_kernels``: Triton on CUDA, references
+on the CPU.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from workbench.cache.paged import PagedKVCache
+from workbench.cache.paged_batch import PagedBatchMetadata
 from workbench_kernels.paged_decode_attention import decode_gather_plan, paged_decode_attention
 from workbench_kernels.paged_prefill_attention import paged_prefill_attention
 from workbench_kernels.store_kv import store_kv
-
-
-@dataclass(slots=True)
-class PagedBatchMetadata:
-    """Where each token of the flat batch lives. Tensors are on the model's device.
-
-    Sequences ``0 .. num_decode_seqs-1`` bring exactly one query token each and come first."""
-
-    slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot receiving each new token's K/V
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
-    context_lens: torch.Tensor  # [num_seqs] int32: keys each sequence attends to, new tokens included
-    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: cumulative query lengths
-    num_decode_seqs: int
-
-    @property
-    def num_seqs(self) -> int:
-        return self.context_lens.shape[0]
 
 
 class PagedAttention:

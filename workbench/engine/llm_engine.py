@@ -29,12 +29,12 @@ from workbench.engine.cache_setup import kv_format_for, num_blocks_for
 from workbench.engine.model_runner import ForwardResult, ModelRunner
 from workbench.engine.outputs import RequestOutput
 from workbench.engine.requests import Request, build_output, new_request
-from workbench.engine.sampler import probabilities, sample_batch
 from workbench.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from workbench.engine.sequence import FinishReason, Sequence
 from workbench.metrics.recorder import MetricsRecorder, StepRecord
 from workbench.models.llama import LlamaModel
 from workbench.prompts import eos_token_ids
+from workbench.sampling import probabilities, sample_batch
 from workbench.spec.proposer import Proposer, build_proposer
 from workbench.spec.verify import verify_greedy, verify_sampled
 
@@ -130,7 +130,7 @@ class LLMEngine:
         if out.is_empty:
             return []
         self._propose(out)
-        result = self.runner.execute(out.scheduled, out.num_single_token_decodes, out.block_copies)
+        result = self.runner.execute(out.scheduled, out.block_copies)
         for item in out.scheduled:
             if not item.drafts:
                 item.seq.num_computed_tokens += item.num_new_tokens

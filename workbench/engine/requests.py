@@ -15,9 +15,9 @@ from workbench.cache.block_manager import BlockManager
 from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.engine.outputs import CompletionOutput, RequestOutput
-from workbench.engine.sampler import make_generator
 from workbench.engine.sequence import Sequence, SequenceStatus
 from workbench.prompts import check_prompt_fits, encode_prompt
+from workbench.sampling import make_generator
 
 if TYPE_CHECKING:
     from workbench.engine.llm_engine import LLMEngine

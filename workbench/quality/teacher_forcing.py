@@ -12,7 +12,8 @@ import torch
 
 from workbench.cache.calibration import fp8_scales
 from workbench.cache.paged import PagedKVCache
-from workbench.engine.paged_attention import PagedAttention, PagedBatchMetadata
+from workbench.cache.paged_attention import PagedAttention
+from workbench.cache.paged_batch import PagedBatchMetadata
 from workbench.models.llama import LlamaModel
 
 BLOCK_SIZE = 16

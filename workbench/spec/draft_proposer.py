@@ -18,9 +18,9 @@ import torch
 
 from workbench.cache.block_manager import BlockManager
 from workbench.cache.paged import PagedKVCache
-from workbench.engine.model_runner import BatchEntry, build_metadata
-from workbench.engine.paged_attention import PagedAttention
-from workbench.engine.sampler import probabilities
+from workbench.cache.paged_attention import PagedAttention
+from workbench.cache.paged_batch import BatchEntry, build_paged_batch
+from workbench.sampling import probabilities
 
 
 class DraftProposer:
@@ -128,18 +128,16 @@ class DraftProposer:
         self._tables[seq.seq_id] = self.blocks.block_table(seq.seq_id)
 
     def _forward(self, entries: list[BatchEntry], feats: list[torch.Tensor] | None) -> torch.Tensor:
-        order = sorted(range(len(entries)), key=lambda i: len(entries[i].tokens) != 1)
-        single = sum(len(entries[i].tokens) == 1 for i in order)
-        ids, positions, meta = build_metadata(self.blocks, [entries[i] for i in order], single, self.device)
-        attention = PagedAttention(self.cache, meta, self.draft.attention_scale)
+        """The draft's hidden states for ``entries``, rows in the order of ``entries``."""
+        batch = build_paged_batch(self.blocks, entries, self.device)
+        attention = PagedAttention(self.cache, batch.metadata, self.draft.attention_scale)
+        order = sorted(range(len(entries)), key=batch.first_rows.__getitem__)  # entries in batch order
         if feats is None:
-            hidden = self.draft(ids, positions, attention)
+            hidden = self.draft(batch.input_ids, batch.positions, attention)
         else:
-            hidden = self.draft(ids, torch.cat([feats[i] for i in order]), positions, attention)
-        # Back to the caller's order of entries.
-        starts = torch.tensor([0] + [len(entries[i].tokens) for i in order]).cumsum(0)
-        pieces = {i: hidden[starts[n]: starts[n + 1]] for n, i in enumerate(order)}
-        return torch.cat([pieces[i] for i in range(len(entries))])
+            hidden = self.draft(batch.input_ids, torch.cat([feats[i] for i in order]), batch.positions, attention)
+        return torch.cat([hidden[row: row + len(entry.tokens)] for entry, row in zip(entries, batch.first_rows,
+                                                                                      strict=True)])
 
     def _sample_into(self, state: torch.Tensor, seqs: list, drafts: list[list[int]],
                      probs: list[list[torch.Tensor]]) -> None:
