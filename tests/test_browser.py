@@ -120,11 +120,12 @@ def page(browser, lab_server):
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_stored_figures_render_before_anything_runs(browser, lab_server, chapter):
     """A reader who opens the notebook sees every stored figure: interactive plotly where JupyterLab trusts the
-    output, its PNG copy where it does not."""
+    output, its PNG copy (plotly's renderer shows it as ``img.plot-img``) where it does not, as for a notebook
+    fresh from a clone."""
     expected = count_figures(nbformat.read(chapter, as_version=4))
     page = _open(browser, lab_server, chapter)
     try:
-        selector = ".jp-OutputArea-output .js-plotly-plot, .jp-OutputArea-output[data-mime-type='image/png'] img"
+        selector = ".jp-OutputArea-output .js-plotly-plot, .jp-RenderedPlotly img.plot-img"
         page.wait_for_function(f"() => document.querySelectorAll(\"{selector}\").length >= {expected}",
                                timeout=120_000, polling=500)
         sizes = page.eval_on_selector_all(selector, "els => els.map(e => [e.getBoundingClientRect().width,"
