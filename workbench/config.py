@@ -256,6 +256,7 @@ class CacheConfig:
 
 
 BATCHING_MODES = ("continuous", "static", "dynamic")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 @dataclass(slots=True, frozen=True)
@@ -265,6 +266,8 @@ class SchedulerConfig:
     ``batching`` is for teaching: ``continuous`` lets requests join and leave every step; ``static`` runs a
     fixed batch to completion before admitting more; ``dynamic`` also runs batches to completion, but starts
     one once ``dynamic_batch_size`` requests wait or the oldest has waited ``dynamic_max_wait_s``.
+    ``scheduling_policy`` and ``cache_aware_admission`` choose who is admitted and preempted first
+    (`workbench.engine.admission_policy`).
     """
 
     max_num_batched_tokens: int = 512
@@ -274,6 +277,8 @@ class SchedulerConfig:
     batching: str = "continuous"
     dynamic_batch_size: int = 8
     dynamic_max_wait_s: float = 0.05
+    scheduling_policy: str = "fcfs"
+    cache_aware_admission: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1,
@@ -289,6 +294,10 @@ class SchedulerConfig:
         _require(isinstance(self.dynamic_batch_size, int) and self.dynamic_batch_size >= 1,
                  f"dynamic_batch_size must be an integer >= 1, got {self.dynamic_batch_size!r}")
         _require(self.dynamic_max_wait_s >= 0, f"dynamic_max_wait_s must be >= 0, got {self.dynamic_max_wait_s!r}")
+        _require(self.scheduling_policy in SCHEDULING_POLICIES,
+                 f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}")
+        _require(isinstance(self.cache_aware_admission, bool),
+                 f"cache_aware_admission must be True or False, got {self.cache_aware_admission!r}")
 
     @property
     def chunk_limit(self) -> int:

@@ -80,18 +80,22 @@ class LLMEngine:
     # ----------------------------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_time: float | None = None, chat: bool = True,
-                    num_speculative_tokens: int | None = None) -> str:
+                    num_speculative_tokens: int | None = None, priority: int = 0) -> str:
         """Queue a request; returns its id. Bad input raises ValueError and leaves the engine untouched.
 
-        ``num_speculative_tokens`` overrides the engine's K for this request (0: no speculation)."""
+        ``num_speculative_tokens`` overrides the engine's K for this request (0: no speculation). ``priority``
+        (lower first) matters only with ``SchedulerConfig(scheduling_policy="priority")``."""
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         spec_k = self._spec_k(num_speculative_tokens)
+        if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31:
+            raise ValueError(f"priority must be an integer in [-2**31, 2**31] (lower runs first), got {priority!r}")
         request = new_request(self, request_id, prompt, params or SamplingParams(),
                               self.clock() if arrival_time is None else arrival_time, chat)
         for seq in request.seqs:
             seq.spec_k = spec_k
+            seq.priority = priority
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
         return request_id

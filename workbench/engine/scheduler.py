@@ -6,6 +6,9 @@ One step is one forward pass over a flat batch of at most ``max_num_batched_toke
    prefill its next chunk (chunked prefill), so a long prompt can never stall the decoders for a whole step;
 2. then waiting sequences are admitted, oldest first, while tokens, sequence slots and blocks last.
 
+Who is admitted and who is preempted first is the admission policy's call (`workbench.engine.admission_policy`:
+FCFS by default, or by request priority, optionally preferring cached prefixes).
+
 When blocks run out for a running sequence, the newest running sequence not yet scheduled this step is
 preempted by recompute: its blocks are freed and it goes back to the front of the queue, to be prefilled
 again (prompt and generated tokens) when there is room. No new sequence is admitted in a step that preempts.
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 
 from workbench.cache.block_manager import BlockManager
 from workbench.config import SchedulerConfig
+from workbench.engine.admission_policy import AdmissionPolicy
 from workbench.engine.sequence import Sequence, SequenceStatus
 
 
@@ -70,6 +74,7 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
         self.config = config
         self.blocks = block_manager
+        self.policy = AdmissionPolicy(config)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
 
@@ -125,8 +130,7 @@ class Scheduler:
         """Reserve slots for ``n`` more tokens of ``seq``, preempting newer sequences while blocks lack."""
         need = seq.num_computed_tokens + n
         while not self.blocks.can_reserve(seq.seq_id, need):
-            victims = [s for s in reversed(self.running) if s.seq_id not in scheduled]
-            victim = victims[0]  # never empty: seq itself is running and unscheduled
+            victim = self.policy.victim(self.running, scheduled)  # seq itself is always a candidate
             self._preempt(victim, out)
             if victim is seq:
                 return False
@@ -162,6 +166,7 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         chunked = self.config.enable_chunked_prefill
+        self.policy.order_waiting(self.waiting, self.blocks)
         while self.waiting and budget > 0 and len(self.running) < self._admission_limit():
             seq = self.waiting[0]
             # Admit only if the whole known sequence fits in the free blocks (prefix hits counted), so that

@@ -54,6 +54,7 @@ class Sequence:
     num_returned_tokens: int = 0
     returned_text_len: int = 0
     spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence)
+    priority: int = 0  # lower runs first under the priority scheduling policy (as in vLLM)
     spec: SpecCounters = field(default_factory=SpecCounters)
 
     @property
