@@ -3,7 +3,7 @@
 The draft (`workbench.spec.draft_training`) misses the issue's α ≥ 0.5 goal, and this measures why: it trains
 the same recipe (`TrainConfig()`, 3 epochs) on 25%, 50% and 100% of the target answers it is given and reports
 the held-out per-token acceptance α and accepted / drafted at K = 4 for each (greedy replay,
-`workbench.spec.draft_eval`), then fits α against log2(tokens) and extends the line to α = 0.5.
+`workbench.spec.draft_training.evaluate`), then fits α against log2(tokens) and extends the line to α = 0.5.
 
 The data is what `draft_training --data PATH` caches (the target's answers with its features); several files
 are merged, answers that appear in more than one counted once, so two earlier runs' answers give a subset
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 import workbench
-from workbench.spec.draft_data import DraftSample, add_taps
-from workbench.spec.draft_eval import acceptance_on_samples
 from workbench.spec.draft_head import load_draft, save_draft
-from workbench.spec.draft_training import TrainConfig, train_draft
+from workbench.spec.draft_training.data import DraftSample, add_taps
+from workbench.spec.draft_training.evaluate import acceptance_on_samples
+from workbench.spec.draft_training.train import TrainConfig, train_draft
 
 
 def merged_samples(paths: list[str]) -> list[DraftSample]:

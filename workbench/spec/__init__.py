@@ -5,6 +5,7 @@
   head in ``draft_head.py``) with its own paged KV cache over the target's block tables;
 - ``verify.py``: greedy prefix acceptance and the rejection-sampling rule that keeps the target's distribution;
 - ``stats.py``: acceptance per request, step and draft position, beside (1 - a^(K+1)) / (1 - a);
-- ``draft_data.py``, ``draft_losses.py``, ``draft_training.py``, ``draft_eval.py``: how the committed draft
-  for SmolLM2-135M is made from the target's own answers, and its offline acceptance.
+- ``draft_training/``: how the committed draft for SmolLM2-135M is made from the target's own answers (generated
+  by the engine, so that package sits above ``workbench.engine``, unlike the rest of this one), and its offline
+  acceptance.
 """

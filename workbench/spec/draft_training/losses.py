@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from workbench.spec.draft_data import DraftSample
 from workbench.spec.draft_head import DraftModule
+from workbench.spec.draft_training.data import DraftSample
 
 
 @dataclass(slots=True)

@@ -14,8 +14,8 @@ import torch
 
 from workbench.cache.contiguous import ContiguousKVCache
 from workbench.models.llama import LlamaModel
-from workbench.spec.draft_data import DraftSample, build_samples
 from workbench.spec.draft_head import DraftModule
+from workbench.spec.draft_training.data import DraftSample, build_samples
 from workbench.spec.stats import SpecCounters
 
 

@@ -22,10 +22,10 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.models.llama import LlamaModel
-from workbench.spec.draft_data import DraftSample, add_taps, build_samples, draft_vocabulary, greedy_agreement
-from workbench.spec.draft_eval import acceptance_on_samples, evaluate_acceptance
 from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, DraftModule, EagleDraftHead, build_draft, save_draft
-from workbench.spec.draft_losses import (
+from workbench.spec.draft_training.data import DraftSample, add_taps, build_samples, draft_vocabulary, greedy_agreement
+from workbench.spec.draft_training.evaluate import acceptance_on_samples, evaluate_acceptance
+from workbench.spec.draft_training.losses import (
     LossWeights,
     eagle_loss,
     layers_loss,
