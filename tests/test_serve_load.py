@@ -105,3 +105,17 @@ def test_64_streaming_clients_with_disconnects(server, tokenizer):
     assert free == total, "blocks still held after every request finished or was aborted"
     assert len(health) >= 5 and all(status == 200 for status, _ in health)
     assert max(seconds for _, seconds in health) < 10.0
+
+
+def test_client_gone_from_a_whole_response_aborts_it(server):
+    before = on_engine(server, lambda engine: len(engine.metrics.finished))
+    body = {"model": MODEL, "prompt": "Tell a long story.", "max_tokens": ABANDONED_MAX_TOKENS, "ignore_eos": True,
+            "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 400 tokens are ready
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=2.0)
+    wait_idle(server)
+    new = on_engine(server, lambda engine: engine.metrics.request_frame().iloc[before:])
+    assert list(new["finish_reason"]) == ["abort"]
+    assert new["output_tokens"].iloc[0] < ABANDONED_MAX_TOKENS
+    free, total = on_engine(server, lambda engine: (engine.blocks.num_free_blocks, engine.blocks.num_blocks))
+    assert free == total
