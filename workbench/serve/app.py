@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from workbench.engine.llm_engine import LLMEngine
+from workbench.serve.anthropic_messages import hosted_router
 from workbench.serve.engine_loop import DEFAULT_RETAIN_FINISHED, EngineLoop
 from workbench.serve.errors import APIError, error_response, install_error_handlers
 from workbench.serve.generation import Generator
@@ -75,6 +76,7 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
         return await generator.respond(body, request, chat=True)
 
     app.include_router(v1)
+    app.include_router(hosted_router(loop, dependencies=[Depends(authorized)]))
     _add_service_routes(app, loop, generator)
     return app
 
