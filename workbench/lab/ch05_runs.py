@@ -36,9 +36,10 @@ def batching_engine(model, tokenizer, batching: str, *, max_num_seqs: int = 16, 
 
 
 def random_requests(n: int, *, prompt_tokens: int = 32, output_tokens: tuple[int, int] = (4, 32),
-                    seed: int = 0, spread: str = "log-uniform") -> list[WorkloadRequest]:
+                    seed: int = 0, spread: str = "log-uniform", vocab_size: int = 49152) -> list[WorkloadRequest]:
     """Random-token prompts of a fixed length and forced output lengths in ``output_tokens``: ``log-uniform``
-    (many short, a few long), ``uniform`` or ``fixed`` (every request the rounded mean)."""
+    (many short, a few long), ``uniform`` or ``fixed`` (every request the rounded mean). Token ids stay below
+    ``vocab_size`` and away from the first 100 (special tokens in SmolLM2's vocabulary)."""
     if n < 1:
         raise ValueError(f"the number of requests must be >= 1, got {n}")
     lo, hi = output_tokens
@@ -49,7 +50,8 @@ def random_requests(n: int, *, prompt_tokens: int = 32, output_tokens: tuple[int
              "fixed": lambda: (lo + hi) / 2}
     if spread not in draws:
         raise ValueError(f"spread must be one of {sorted(draws)}, got {spread!r}")
-    return [WorkloadRequest([rng.randrange(100, 30000) for _ in range(prompt_tokens)], int(round(draws[spread]())),
+    low, high = min(100, vocab_size // 2), min(30000, vocab_size)
+    return [WorkloadRequest([rng.randrange(low, high) for _ in range(prompt_tokens)], int(round(draws[spread]())),
                             ignore_eos=True, tags={"shape": spread}) for _ in range(n)]
 
 
@@ -71,7 +73,9 @@ def concurrency_sweep(make_target: Callable[[str], LLMEngine | str], workload: l
         for users in concurrencies:
             progress(len(rows), total, f"{mode}, {users} users")
             run = drive(make_target(mode), workload, concurrency=users, slo=slo)
-            rows.append(summary_row(run, mode=mode, concurrency=users))
+            # Per-request TTFTs kept so a panel can re-read goodput under another SLO without re-running.
+            rows.append({**summary_row(run, mode=mode, concurrency=users),
+                         "ttft_ms_all": (run.requests["ttft_s"] * 1e3).tolist()})
     progress(total, total, "done")
     return pd.DataFrame(rows)
 
@@ -93,12 +97,12 @@ def goodput_load(sweep: pd.DataFrame, *, x: str = "concurrency", share: float = 
 
 
 def variance_effect(make_engine: Callable[[str], LLMEngine], n: int, output_tokens: tuple[int, int], *,
-                    users: int, seed: int = 0, progress: ProgressFn = _quiet) -> pd.DataFrame:
+                    users: int, seed: int = 0, vocab_size: int = 49152, progress: ProgressFn = _quiet) -> pd.DataFrame:
     """Static vs continuous throughput as output lengths spread out while their range stays the same."""
     rows = []
     spreads = ("fixed", "uniform", "log-uniform")
     for i, spread in enumerate(spreads):
-        workload = random_requests(n, output_tokens=output_tokens, seed=seed, spread=spread)
+        workload = random_requests(n, output_tokens=output_tokens, seed=seed, spread=spread, vocab_size=vocab_size)
         lengths = np.array([r.max_tokens for r in workload])
         for mode in ("static", "continuous"):
             progress(2 * i + (mode == "continuous"), 2 * len(spreads), f"{spread}, {mode}")
