@@ -1,0 +1,217 @@
+"""Chapter 4's roofline panels: where real prefill and decode steps sit under this device's measured ceilings,
+and what a decode step's inter-token latency is made of.
+
+``RooflineLab`` measures the device's peaks (or takes them), times prefill steps by prompt length and decode
+steps by batch size, and draws them on a log-log roofline with the ridge point. ``DecodeLab`` times decode
+steps against batch size and context length next to their floor (bytes / bandwidth), and splits the bytes a
+decode step moves per generated token into weights, KV and activations. The measuring is in
+`workbench.roofline`; this module builds widgets and figures.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.lab.common import LabPanel, measured_on, style
+from workbench.roofline import (
+    DevicePeaks,
+    measure_decode_steps,
+    measure_peaks,
+    measure_prefill_steps,
+    place_on_roofline,
+)
+
+PREFILL, DECODE, ROOF = "#d62728", "#1f77b4", "#444444"
+# Sweeps per device: (label with a time estimate on the 2-core CPU, prompt lengths, decode batches, decode context).
+ROOFLINE_SWEEPS = {
+    "cpu": [("prompts 16-1,024, batches 1-16 (about 10 s)", (16, 64, 256, 1024), (1, 4, 16), 64),
+            ("prompts 16-2,048, batches 1-64 (about 40 s)", (16, 64, 256, 1024, 2048), (1, 4, 16, 64), 64)],
+    "cuda": [("prompts 64-4,096, batches 1-64", (64, 256, 1024, 4096), (1, 8, 64), 128),
+             ("prompts 64-8,192, batches 1-256", (64, 256, 1024, 4096, 8192), (1, 8, 64, 256), 128)],
+}
+
+
+def _gflop(x: float) -> float:
+    return x / 1e9
+
+
+class RooflineLab(LabPanel):
+    """The measured roofline of this device, with the model's prefill and decode steps on it."""
+
+    def __init__(self, model, *, peaks: DevicePeaks | None = None, sweep: int = 0,
+                 sweeps: list[tuple[str, tuple[int, ...], tuple[int, ...], int]] | None = None,
+                 peak_options: dict | None = None):
+        self.model, self.peaks, self.peak_options = model, peaks, peak_options or {}
+        self.sweeps = sweeps or ROOFLINE_SWEEPS[model.device.type]
+        options = [(label, i) for i, (label, *_rest) in enumerate(self.sweeps)]
+        self.sweep = widgets.Dropdown(options=options, value=sweep, description="sweep", layout={"width": "420px"})
+        self.remeasure = widgets.Checkbox(value=False, description="re-measure the peaks too")
+        fig = go.Figure()
+        fig.add_scatter(name="roof: min(peak FLOP/s, bandwidth × intensity)", mode="lines",
+                        line={"color": ROOF, "width": 3})
+        fig.add_scatter(name="prefill steps (label: prompt tokens)", mode="markers+text", textposition="top left",
+                        marker={"color": PREFILL, "size": 11})
+        fig.add_scatter(name="decode steps (label: batch size)", mode="markers+text", textposition="bottom right",
+                        marker={"color": DECODE, "size": 11, "symbol": "diamond"})
+        fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved)")
+        fig.update_yaxes(type="log", title_text="achieved GFLOP/s")
+        style(fig, "Roofline of this device, measured", measured_on(model), height=480)
+        self.figure, self.points = fig, None
+        super().__init__([self.sweep, self.remeasure], [fig])
+        self.refresh()
+
+    def measure(self) -> None:
+        _, lengths, batches, context = self.sweeps[self.sweep.value]
+        if self.peaks is None or self.remeasure.value:
+            self.progress(0, 3, "measuring peak FLOP/s and bandwidth")
+            self.peaks = measure_peaks(self.model.device, self.model.dtype, **self.peak_options)
+        self.progress(1, 3, "timing prefill steps")
+        prefill = measure_prefill_steps(self.model, lengths)
+        self.progress(2, 3, "timing decode steps")
+        decode = measure_decode_steps(self.model, batches, [context])
+        self.points = place_on_roofline(pd.concat([prefill, decode], ignore_index=True), self.peaks)
+        self.progress.finish(f"{len(self.points)} steps timed")
+
+    def draw(self) -> None:
+        peaks, points = self.peaks, self.points
+        lo = min(points["intensity"].min(), peaks.ridge) / 4
+        hi = max(points["intensity"].max(), peaks.ridge) * 4
+        grid = np.geomspace(lo, hi, 200)
+        prefill, decode = points[points["kind"] == "prefill"], points[points["kind"] == "decode"]
+        with self.figure.batch_update():
+            roof, pre, dec = self.figure.data
+            roof.x, roof.y = grid, [_gflop(peaks.roof(i)) for i in grid]
+            for trace, rows, labels in ((pre, prefill, [f"{n:,}" for n in prefill["context"]]),
+                                        (dec, decode, [f"b={b}" for b in decode["batch"]])):
+                trace.x, trace.y, trace.text = rows["intensity"], rows["flops_per_s"].map(_gflop), labels
+                trace.customdata = np.stack([rows["step_s"] * 1e3, rows["share_of_roof"] * 100], axis=-1)
+                trace.hovertemplate = ("intensity %{x:.2f} FLOP/B<br>%{y:.2f} GFLOP/s<br>step %{customdata[0]:.1f} "
+                                       "ms<br>%{customdata[1]:.0f}% of the roof<extra></extra>")
+            self.figure.layout.shapes = [{"type": "line", "x0": peaks.ridge, "x1": peaks.ridge, "y0": 0, "y1": 1,
+                                          "yref": "paper", "line": {"color": ROOF, "dash": "dot"}}]
+            self.figure.layout.annotations = [{"x": np.log10(peaks.ridge), "y": 1.0, "yref": "paper",
+                                               "text": f"ridge {peaks.ridge:.1f} FLOP/B", "showarrow": False,
+                                               "xanchor": "left", "yanchor": "bottom"}]
+        self.status.value = self._sentence()
+
+    def _sentence(self) -> str:
+        peaks, points = self.peaks, self.points
+        one = points[(points["kind"] == "decode") & (points["batch"] == 1)].iloc[0]
+        long = points[points["kind"] == "prefill"].iloc[-1]
+        return (f"Measured here: peak <b>{_gflop(peaks.flops_per_s):,.1f} GFLOP/s</b> ({peaks.dtype} matrix products) "
+                f"and <b>{peaks.bytes_per_s / 1e9:,.1f} GB/s</b>, so the ridge sits at <b>{peaks.ridge:.1f} FLOP per "
+                f"byte</b>. A batch-1 decode step does {one['intensity']:.2f} FLOP/B: <b>{one['bound']}-bound</b>, "
+                f"reaching {one['share_of_roof']:.0%} of its roof. A {int(long['context']):,}-token prefill does "
+                f"{long['intensity']:.0f} FLOP/B: <b>{long['bound']}-bound</b>, at {long['share_of_roof']:.0%} of "
+                "the peak.")
+
+    def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        return [("Every step on the roofline", steps_table(self.points)),
+                ("The device's ceilings, per probe", peaks_table(self.peaks))]
+
+    def point(self, kind: str, value: int) -> pd.Series:
+        """The measured step of ``kind`` ('prefill': by prompt length, 'decode': by batch size)."""
+        rows = self.points[self.points["kind"] == kind]
+        rows = rows[rows["context" if kind == "prefill" else "batch"] == value]
+        if rows.empty:
+            measured = self.points[["kind", "batch", "context"]].to_dict("records")
+            raise ValueError(f"no {kind} step measured at {value}; measured: {measured}")
+        return rows.iloc[0]
+
+
+def steps_table(points: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "step": points["kind"], "batch": points["batch"], "context": points["context"],
+        "time (ms)": points["step_s"] * 1e3, "GFLOP": points["flops"] / 1e9, "MB moved": points["bytes"] / 1e6,
+        "FLOP/B": points["intensity"], "GFLOP/s": points["flops_per_s"] / 1e9, "GB/s": points["bytes_per_s"] / 1e9,
+        "bound": points["bound"], "% of roof": points["share_of_roof"] * 100})
+
+
+def peaks_table(peaks: DevicePeaks) -> pd.DataFrame:
+    rows = [{"ceiling": "FLOP/s", "probe": k, "value (G/s)": v / 1e9} for k, v in peaks.flops_by_probe.items()]
+    rows += [{"ceiling": "bytes/s", "probe": k, "value (G/s)": v / 1e9} for k, v in peaks.bandwidth_by_probe.items()]
+    return pd.DataFrame(rows)
+
+
+DECODE_BATCHES = (1, 2, 4, 8, 16)
+CONTEXTS = (64, 256, 1024)
+PARTS = (("weights", "bytes_weights", "#7f7f7f"), ("KV read + written", "bytes_kv", "#9467bd"),
+         ("activations", "bytes_activations", "#ff7f0e"))
+
+
+class DecodeLab(LabPanel):
+    """Decode step time (ITL) against batch size and context, next to bytes / bandwidth; bytes per token."""
+
+    def __init__(self, model, peaks: DevicePeaks, *, context: int = 64, batches: tuple[int, ...] = DECODE_BATCHES,
+                 contexts: tuple[int, ...] = CONTEXTS, steps: int = 6):
+        self.model, self.peaks, self.batches, self.contexts, self.steps = model, peaks, batches, contexts, steps
+        self.context = widgets.Dropdown(options=[(f"{c:,} tokens", c) for c in contexts], value=context,
+                                        description="context of the batch sweep",
+                                        style={"description_width": "initial"})
+        fig = go.Figure(make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
+            "against batch size", "against context length (batch 1)")))
+        for col in (1, 2):
+            fig.add_scatter(name="measured step (ITL)", mode="lines+markers", line={"color": DECODE},
+                            showlegend=col == 1, row=1, col=col)
+            fig.add_scatter(name="floor: bytes / measured bandwidth", mode="lines+markers",
+                            line={"color": ROOF, "dash": "dash"}, showlegend=col == 1, row=1, col=col)
+        fig.update_xaxes(type="log", title_text="sequences decoding together", row=1, col=1)
+        fig.update_xaxes(type="log", title_text="context length (tokens)", row=1, col=2)
+        fig.update_yaxes(title_text="time per decode step (ms)", rangemode="tozero")
+        style(fig, "Decode: inter-token latency and its bandwidth floor", measured_on(model))
+        parts = go.Figure()
+        for name, _, color in PARTS:
+            parts.add_bar(name=name, marker_color=color)
+        parts.update_layout(barmode="stack")
+        parts.update_xaxes(type="category", title_text="sequences decoding together")
+        parts.update_yaxes(title_text="MB moved per generated token")
+        style(parts, "Why decode is bandwidth-bound: bytes moved per generated token", measured_on(model),
+              height=380)
+        self.figure, self.parts_figure, self.by_batch, self.by_context = fig, parts, None, None
+        super().__init__([self.context], [fig, parts])
+        self.refresh()
+
+    def measure(self) -> None:
+        self.by_batch = place_on_roofline(measure_decode_steps(self.model, self.batches, [self.context.value],
+                                                               steps=self.steps, progress=self.progress), self.peaks)
+        self.by_context = place_on_roofline(measure_decode_steps(self.model, [1], self.contexts, steps=self.steps,
+                                                                 progress=self.progress), self.peaks)
+        for frame in (self.by_batch, self.by_context):
+            frame["bytes_kv"] = frame["bytes_kv_read"] + frame["bytes_kv_written"]
+            frame["bandwidth_floor_s"] = frame["bytes"] / self.peaks.bytes_per_s
+        self.progress.finish(f"{len(self.by_batch) + len(self.by_context)} decode configurations timed")
+
+    def draw(self) -> None:
+        with self.figure.batch_update():
+            for i, (frame, x) in enumerate(((self.by_batch, "batch"), (self.by_context, "context"))):
+                measured, floor = self.figure.data[2 * i], self.figure.data[2 * i + 1]
+                measured.x, measured.y = frame[x], frame["step_s"] * 1e3
+                floor.x, floor.y = frame[x], frame["bandwidth_floor_s"] * 1e3
+        with self.parts_figure.batch_update():
+            for trace, (_, column, _) in zip(self.parts_figure.data, PARTS, strict=True):
+                trace.x = [str(b) for b in self.by_batch["batch"]]
+                trace.y = self.by_batch[column] / self.by_batch["batch"] / 1e6
+        one, big = self.by_batch.iloc[0], self.by_batch.iloc[-1]
+        ctx_lo, ctx_hi = self.by_context.iloc[0], self.by_context.iloc[-1]
+        floor = one["bandwidth_floor_s"]
+        self.status.value = (
+            f"Batch 1: a step takes <b>{one['step_s'] * 1e3:.1f} ms</b>, {one['step_s'] / floor:.1f}x its floor of "
+            f"{floor * 1e3:.1f} ms (moving {one['bytes'] / 1e6:,.0f} MB at the measured bandwidth). "
+            f"Batch {int(big['batch'])}: {big['step_s'] * 1e3:.1f} ms per step, "
+            f"{big['step_s'] / one['step_s']:.1f}x batch 1's for {int(big['batch'])}x the tokens. Context "
+            f"{int(ctx_lo['context']):,} → {int(ctx_hi['context']):,} at batch 1: {ctx_lo['step_s'] * 1e3:.1f} → "
+            f"<b>{ctx_hi['step_s'] * 1e3:.1f} ms</b> (KV read per step {ctx_lo['bytes_kv_read'] / 1e6:.1f} → "
+            f"{ctx_hi['bytes_kv_read'] / 1e6:.1f} MB).")
+
+    def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        frame = pd.concat([self.by_batch, self.by_context], ignore_index=True)
+        table = pd.DataFrame({"batch": frame["batch"], "context": frame["context"],
+                              "step (ms)": frame["step_s"] * 1e3, "floor (ms)": frame["bandwidth_floor_s"] * 1e3,
+                              "weights MB/token": frame["bytes_weights"] / frame["batch"] / 1e6,
+                              "KV MB/token": frame["bytes_kv"] / frame["batch"] / 1e6,
+                              "tokens/s": frame["batch"] / frame["step_s"]})
+        return [("Decode steps: measured time, bandwidth floor, bytes per generated token", table)]
