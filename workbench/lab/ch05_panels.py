@@ -41,7 +41,7 @@ class _EnginePanel(LabPanel):
 class ModesLab(_EnginePanel):
     """The three batching modes on one mixed workload, closed loop: who waits and who runs, request by request."""
 
-    def __init__(self, model, tokenizer, *, requests: int = 10, users: int = 5, max_num_seqs: int = 5):
+    def __init__(self, model, tokenizer, *, requests: int = 8, users: int = 4, max_num_seqs: int = 4):
         self.requests, self.max_num_seqs = requests, max_num_seqs
         self.users = widgets.IntSlider(value=users, min=1, max=10, description="users")
         self.show = widgets.Dropdown(options=list(MODES), value="static", description="timeline")
@@ -49,7 +49,7 @@ class ModesLab(_EnginePanel):
         self.refresh()
 
     def measure(self) -> None:
-        workload = random_requests(self.requests, output_tokens=(4, 32), seed=5, vocab_size=self.vocab_size)
+        workload = random_requests(self.requests, output_tokens=(4, 16), seed=5, vocab_size=self.vocab_size)
         self.runs = {}
         for i, mode in enumerate(MODES):
             self.progress(i, len(MODES), mode)
@@ -93,9 +93,9 @@ class ModesLab(_EnginePanel):
 class SweepLab(_EnginePanel):
     """Throughput and latency against concurrency for each mode: the frontier, its knee, goodput under an SLO."""
 
-    def __init__(self, model, tokenizer, *, requests: int = 12, concurrencies: tuple[int, ...] = (2, 6, 12)):
-        self.workload = random_requests(requests, output_tokens=(4, 24), seed=1, vocab_size=model.spec.vocab_size)
-        options = {"2, 6, 12 users (~35 s on 2 cores)": (2, 6, 12), "1, 2, 4, 8, 16 users (~90 s)": (1, 2, 4, 8, 16)}
+    def __init__(self, model, tokenizer, *, requests: int = 8, concurrencies: tuple[int, ...] = (2, 4, 8)):
+        self.workload = random_requests(requests, output_tokens=(4, 16), seed=1, vocab_size=model.spec.vocab_size)
+        options = {"2, 4, 8 users (~20 s on 2 cores)": (2, 4, 8), "1, 2, 4, 8, 16 users (~60 s)": (1, 2, 4, 8, 16)}
         if concurrencies not in options.values():
             options[", ".join(map(str, concurrencies)) + " users"] = concurrencies
         self.levels = widgets.Dropdown(options=options, value=concurrencies, description="sweep")
@@ -167,14 +167,14 @@ class SweepLab(_EnginePanel):
 class VarianceLab(_EnginePanel):
     """Static vs continuous batching as output lengths spread out (same range, same users)."""
 
-    def __init__(self, model, tokenizer, *, requests: int = 12, users: int = 6):
+    def __init__(self, model, tokenizer, *, requests: int = 8, users: int = 4):
         self.requests = requests
         self.users = widgets.IntSlider(value=users, min=2, max=12, description="users")
         super().__init__(model, tokenizer, [self.users], [go.Figure()])
         self.refresh()
 
     def measure(self) -> None:
-        self.table = variance_effect(lambda mode: self.engine(mode, max_num_seqs=12), self.requests, (2, 40),
+        self.table = variance_effect(lambda mode: self.engine(mode, max_num_seqs=12), self.requests, (2, 24),
                                      users=self.users.value, vocab_size=self.vocab_size, progress=self.progress)
 
     def ratios(self) -> pd.Series:
@@ -203,10 +203,10 @@ class VarianceLab(_EnginePanel):
 class CapacityLab(_EnginePanel):
     """``max_num_seqs`` against the KV pool: how many sequences really run together as the pool shrinks."""
 
-    def __init__(self, model, tokenizer, *, requests: int = 8, pools: tuple[int, ...] = (6, 12, 24, 48)):
-        self.workload = random_requests(requests, prompt_tokens=40, output_tokens=(24, 24), seed=3, spread="fixed",
+    def __init__(self, model, tokenizer, *, requests: int = 4, pools: tuple[int, ...] = (2, 4, 8)):
+        self.workload = random_requests(requests, prompt_tokens=24, output_tokens=(8, 8), seed=3, spread="fixed",
                                         vocab_size=model.spec.vocab_size)
-        self.max_seqs = widgets.IntSlider(value=8, min=2, max=16, description="max_num_seqs")
+        self.max_seqs = widgets.IntSlider(value=4, min=2, max=16, description="max_num_seqs")
         self.pools = pools
         super().__init__(model, tokenizer, [self.max_seqs], [go.Figure()])
         self.refresh()
@@ -238,8 +238,8 @@ class CapacityLab(_EnginePanel):
 class PriorityLab(_EnginePanel):
     """Overload with interactive (priority 0) and batch (priority 1) requests: FCFS against priority scheduling."""
 
-    def __init__(self, model, tokenizer, *, requests: int = 12, max_num_seqs: int = 3, num_blocks: int = 12):
-        self.workload = with_priorities(random_requests(requests, prompt_tokens=24, output_tokens=(8, 40), seed=4,
+    def __init__(self, model, tokenizer, *, requests: int = 9, max_num_seqs: int = 3, num_blocks: int = 7):
+        self.workload = with_priorities(random_requests(requests, prompt_tokens=24, output_tokens=(4, 16), seed=4,
                                                         vocab_size=model.spec.vocab_size))
         self.rate = widgets.Dropdown(options={"all at once": None, "8 req/s Poisson": 8.0}, value=None,
                                      description="arrivals")
