@@ -1,4 +1,5 @@
-"""Chapter 1's lab without a browser: FLOP counts, the sliding-window op, and the widgets' callbacks.
+"""Chapter 1's lab without a browser: FLOP counts, the sliding-window op, the memory and TTFT measurements, the
+widgets' callbacks, the exercises and the closing table.
 
 With no kernel, ipywidgets uses a dummy comm, so setting a control's ``value`` runs its callback in-process and
 the FigureWidget's data can be read back directly.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -17,13 +19,22 @@ from workbench.lab import ch01_attention as ch01
 from workbench.lab.attention_cost import (
     crossover_length,
     flop_table,
+    flop_table_text,
     layer_flops,
     linear_params_per_layer,
     loglog_slope,
     sliding_window_attention,
     time_layer_parts,
 )
+from workbench.lab.ch01_measures import (
+    TensorPeak,
+    layer_activation_peak,
+    materialized_attention,
+    score_matrix_bytes,
+    ttft_sweep,
+)
 from workbench.lab.common import GiB
+from workbench.lab.kv_runs import prompt_of_length
 from workbench.models.attention import causal_attention
 
 
@@ -53,7 +64,7 @@ def test_crossover_length_is_where_attention_equals_the_linear_parts():
 
 
 def test_flop_table_shares_grow_with_length():
-    table = flop_table([workbench.model_spec("llama-3-8b")], [1024, 8192, 131072])
+    table = flop_table([workbench.model_spec("qwen2.5-7b")], [1024, 8192, 131072])  # a 131,072-token context
     shares = table.iloc[0, :3].to_list()
     assert shares == sorted(shares) and 0 < shares[0] < 0.05 and shares[-1] > 0.5
 
@@ -138,3 +149,139 @@ def test_kv_memory_lab_controls_update_the_figure():
     assert bars["GQA + SWA 4096"] == pytest.approx(bars["GQA"] * 4096 / 32768)
     assert "SWA" in lab.status.value
     assert math.isclose(sum(lab.figure.data[0].y), sum(bars.values()))
+
+
+# ---------------------------------------------------------------------------------------- crossover corrections
+def test_crossover_follows_the_configs_own_sliding_window():
+    mistral = workbench.model_spec("mistral-7b")
+    assert mistral.sliding_window == 4096
+    assert crossover_length(mistral) is None  # 2·q·W < P: past the window attention grows linearly, and slower
+    # A window wide enough for attention to catch up: the crossover is where the windowed FLOPs are equal.
+    wide = mistral.replace(sliding_window=40_000)
+    n = crossover_length(wide)
+    assert n is not None and n > 40_000
+    flops = layer_flops(wide, n, wide.sliding_window)
+    assert flops["attention"] == pytest.approx(flops["MLP"] + flops["qkv + output projections"], rel=1e-3)
+    # A window longer than the full-causal crossover changes nothing.
+    assert crossover_length(mistral.replace(sliding_window=60_000)) == crossover_length(mistral.replace(
+        sliding_window=None))
+
+
+def test_flop_table_uses_the_window_and_blanks_lengths_past_the_context_limit():
+    specs = [workbench.model_spec(n) for n in ("mistral-7b", "llama-2-7b", "qwen2.5-7b")]
+    table = flop_table(specs, [1024, 32768, 131072])
+    mistral = table.loc["mistral-7b"]
+    assert math.isnan(mistral["attention share @131,072"])  # past its 32,768-token limit
+    full = layer_flops(specs[0].replace(sliding_window=None), 32768)
+    assert mistral["attention share @32,768"] < 0.5 * full["attention"] / sum(full.values())
+    assert math.isnan(mistral["crossover tokens"]) and mistral["sliding window"] == 4096
+    assert math.isnan(table.loc["llama-2-7b", "attention share @32,768"])  # 4,096-token context
+    assert table.loc["qwen2.5-7b", "attention share @131,072"] > 0.5
+    text = flop_table_text(table)
+    assert "past limit" in text and "never" in text and "(past limit)" in text  # Llama-2-7B: 49,408 > 4,096
+
+
+def test_crossover_status_line_handles_a_window_without_crossover(tiny_model):
+    lab = ch01.LayerScalingLab(tiny_model, lengths=(32, 64, 128), windows=(16,))
+    assert "6,144" in lab.status.value
+
+
+# ----------------------------------------------------------------------------------------------- memory
+def test_tensor_peak_counts_storages_once_and_follows_frees():
+    with TensorPeak() as peak:
+        a = torch.empty(1000)  # 4,000 bytes
+        view = a[:10]  # a view: no new storage
+        b = torch.empty(500)
+        del b
+        c = torch.empty(250)
+    assert peak.peak == 6000 and peak.live == 5000
+    del a, view, c
+    assert peak.live == 0
+
+
+def test_materialized_attention_matches_the_engines_attention():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(37, 9, 16, generator=gen), torch.randn(37, 3, 16, generator=gen), torch.randn(
+        37, 3, 16, generator=gen)
+    torch.testing.assert_close(materialized_attention(q, k, v, 0.25), causal_attention(q, k, v, 0.25),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_layer_memory_fused_is_linear_materialised_is_quadratic(tiny_model):
+    fused = [layer_activation_peak(tiny_model, n, materialize=False) for n in (512, 1024)]
+    assert fused[1] == 2 * fused[0]  # every tensor of a fused layer is N rows
+    big = [layer_activation_peak(tiny_model, n, materialize=True) for n in (512, 1024)]
+    assert big[1] > 3 * big[0]  # the [heads, N, N] scores take over: towards 4x per doubling
+    assert big[1] > 2 * score_matrix_bytes(tiny_model, 1024)  # scores and their softmax are both alive
+
+
+def test_attention_memory_lab(tiny_model):
+    lab = ch01.AttentionMemoryLab(tiny_model, longest=1024)
+    assert list(lab.frame.index) == [256, 512, 1024]
+    s = lab.summary()
+    assert s["materialized_mib"] > 2 * s["fused_mib"]
+    assert s["materialized_slope"] > 1.5 and s["fused_slope"] == pytest.approx(1.0, abs=0.01)
+    assert list(lab.figure.data[2].y) == pytest.approx([9 * n * n * 4 / 2**20 for n in (256, 512, 1024)])
+    lab.longest.value = 2048
+    assert list(lab.figure.data[0].x) == [256, 512, 1024, 2048] and "2,048" in lab.status.value
+
+
+def test_ttft_lab_times_prefill_against_prompt_length(tiny_model, tokenizer):
+    lab = ch01.TTFTLab(tiny_model, tokenizer, longest=512, repeats=1)
+    assert list(lab.frame.index) == [64, 128, 256, 512]
+    assert (lab.frame > 0).all().all()
+    flops_line = list(lab.figure.data[2].y)
+    assert flops_line[-1] == pytest.approx(lab.frame["ttft_ms"].iloc[-1])  # scaled to the longest point
+    assert flops_line == sorted(flops_line)
+    assert "decode step" in lab.status.value
+    lab.longest.value = 1024
+    assert lab.frame.index[-1] == 1024
+    # 16x the prompt of a 2-layer model: the prefill dominates even on a loaded machine.
+    assert lab.frame["ttft_ms"].iloc[-1] > lab.frame["ttft_ms"].iloc[0]
+    with pytest.raises(ValueError, match="context"):
+        ttft_sweep(tiny_model, tokenizer, [64, tiny_model.spec.max_context])
+
+
+def test_prompt_of_length_is_exact(tokenizer):
+    assert len(prompt_of_length(tokenizer, 333)) == 333
+    with pytest.raises(ValueError, match="num_tokens"):
+        prompt_of_length(tokenizer, 0)
+
+
+# ----------------------------------------------------------------------------------- exercises and closing table
+@pytest.mark.parametrize("key", sorted(ch01.EXERCISES))
+def test_exercises_say_right_wrong_and_to_do(key):
+    exercise = ch01.EXERCISES[key]
+    expected = exercise.expected()
+    assert exercise.check(expected).correct is True
+    assert exercise.check(expected * 3 + 1).correct is False
+    assert exercise.check(...).correct is None and "Not answered" in exercise.check(...).message
+
+
+def test_exercise_answers_are_the_course_formulas():
+    assert ch01.EXERCISES["full_context_kv"].expected() == 2 * 80 * 8 * 128 * 8192 * 2
+    assert ch01.EXERCISES["kv_per_token"].expected() == 2 * 28 * 4 * 128 * 2
+    assert ch01.EXERCISES["window_tokens"].expected() == 4096
+    assert ch01.EXERCISES["score_bytes"].expected() == 9 * 8192 * 8192 * 4
+
+
+def _frame(values: dict[str, list[float]], index: list[int]) -> pd.DataFrame:
+    return pd.DataFrame(values, index=pd.Index(index, name="tokens"))
+
+
+def test_takeaways_verdicts_follow_the_measurements():
+    n = [512, 1024, 2048, 4096]
+    quadratic = _frame({"attention s": [x * x for x in n], "attention share": [0.2, 0.3, 0.5, 0.6]}, n)
+    ttft = _frame({"ttft_ms": [50, 100, 200, 400], "decode_step_ms": [20, 20, 21, 20]}, n)
+    memory = _frame({"materialized_bytes": [4.0, 16, 64, 256], "fused_bytes": [1.0, 2, 4, 8]}, n)
+    table = ch01.takeaways(quadratic, ttft, memory)
+    assert list(table.columns) == ["the seed says", "measured here", "verdict"] and len(table) == 5
+    assert table.loc[1, "verdict"] == "holds" and table.loc[4, "verdict"] == "holds"
+    assert "32x" in table.loc[3, "measured here"] and "4x" in table.loc[3, "measured here"]
+    assert table.loc[2, "verdict"].startswith("holds with a caveat")  # GQA: same attention FLOPs
+    linear_parts_win = quadratic.assign(**{"attention share": [0.1, 0.15, 0.2, 0.3]})
+    assert "caveat" in ch01.takeaways(linear_parts_win, ttft, memory).loc[1, "verdict"]
+    flat = quadratic.assign(**{"attention s": n})
+    assert ch01.takeaways(flat, ttft, memory).loc[1, "verdict"].startswith("not seen")
+    flat_ttft = ttft.assign(ttft_ms=[30, 30, 31, 50])  # grows, but by less than 2x and within 3 decode steps
+    assert ch01.takeaways(quadratic, flat_ttft, memory).loc[4, "verdict"].startswith("not seen")

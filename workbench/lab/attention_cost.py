@@ -9,6 +9,7 @@ loaded model's layer (on whatever device it lives on). Plain torch and pandas: n
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -42,24 +43,60 @@ def layer_flops(spec: ModelSpec, n: int, window: int | None = None) -> dict[str,
             "MLP": 2.0 * n * 3 * h * spec.intermediate_size}
 
 
-def crossover_length(spec: ModelSpec) -> int:
-    """Context length at which a causal prefill's attention FLOPs equal the linear parts' FLOPs.
+def crossover_length(spec: ModelSpec) -> int | None:
+    """Context length at which a causal prefill's attention FLOPs equal the linear parts' FLOPs, with the
+    config's own attention (its sliding window, if any); None if attention never catches up.
 
-    Setting 2·n²·q = 2·n·P (q = query width, P = linear weights per layer) gives n = P / q."""
-    return round(linear_params_per_layer(spec) / (spec.num_heads * spec.head_dim))
+    Full causal: 2·n²·q = 2·n·P (q = query width, P = linear weights per layer) gives n = P / q. With a window
+    W < P / q, each token beyond W scores only W keys, so attention grows linearly too: the two meet at
+    n = 2qW(W-1) / (4qW - 2P) when 2qW > P, and never otherwise."""
+    q, linear = spec.num_heads * spec.head_dim, linear_params_per_layer(spec)
+    full = round(linear / q)
+    window = spec.sliding_window
+    if window is None or full <= window:
+        return full
+    if 2 * q * window <= linear:
+        return None
+    return round(2 * q * window * (window - 1) / (4 * q * window - 2 * linear))
+
+
+def attention_share(spec: ModelSpec, n: int, window: int | None = None) -> float:
+    """Attention's share of one layer's prefill FLOPs at ``n`` tokens."""
+    flops = layer_flops(spec, n, window)
+    return flops["attention"] / sum(flops.values())
 
 
 def flop_table(specs: Sequence[ModelSpec], lengths: Sequence[int]) -> pd.DataFrame:
-    """Attention's share of a layer's prefill FLOPs for each config and length, plus the crossover length."""
+    """Attention's share of a layer's prefill FLOPs for each config and length, with the config's own sliding
+    window, and the crossover length. A length beyond the config's ``max_position_embeddings`` is NaN (the model
+    cannot take it), and so is a crossover that never happens."""
     rows = []
     for spec in specs:
         row: dict[str, object] = {"model": spec.name}
         for n in lengths:
-            flops = layer_flops(spec, n)
-            row[f"attention share @{n:,}"] = round(flops["attention"] / sum(flops.values()), 3)
-        row["crossover tokens"] = crossover_length(spec)
+            share = attention_share(spec, n, spec.sliding_window)
+            row[f"attention share @{n:,}"] = round(share, 3) if n <= spec.max_position_embeddings else math.nan
+        crossover = crossover_length(spec)
+        row["crossover tokens"] = math.nan if crossover is None else float(crossover)
+        row["context limit"] = spec.max_position_embeddings
+        row["sliding window"] = spec.sliding_window or 0
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
+
+
+def flop_table_text(frame: pd.DataFrame) -> str:
+    """`flop_table` as text: "past limit" where a length exceeds the context limit, "never" for a crossover
+    that does not happen, and a crossover beyond the context limit flagged as such."""
+    shown = frame.astype(object)
+    for column in frame.columns:
+        if column.startswith("attention share"):
+            shown[column] = [f"{v:.3f}" if v == v else "past limit" for v in frame[column]]
+    shown["crossover tokens"] = [
+        "never" if c != c else f"{int(c):,}" + (" (past limit)" if c > limit else "")
+        for c, limit in zip(frame["crossover tokens"], frame["context limit"], strict=True)]
+    shown["context limit"] = [f"{int(v):,}" for v in frame["context limit"]]
+    shown["sliding window"] = [f"{int(v):,}" if v else "-" for v in frame["sliding window"]]
+    return shown.to_string()
 
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

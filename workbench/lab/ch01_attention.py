@@ -1,6 +1,7 @@
 """Chapter 1 lab: why attention costs what it costs.
 
-Two panels. ``LayerScalingLab`` times one real decoder layer's parts against sequence length on the device
+The notebook imports this module as ``ch01``; it gathers the chapter's panels, exercises and closing table.
+Two panels live here. ``LayerScalingLab`` times one real decoder layer's parts against sequence length on the device
 (attention's N² against the projections' and MLP's N) and lets a sliding window bend the curve back to linear.
 ``KVMemoryLab`` sizes the KV cache of any config in ``datasets/configs`` under MHA, GQA, MQA and a sliding
 window, per token and per sequence, and sets it next to the weights in a device's memory. Measurements come
@@ -16,9 +17,13 @@ from plotly.subplots import make_subplots
 
 from workbench.cache.sizing import attention_variants, kv_bytes_per_token, weight_bytes
 from workbench.lab.attention_cost import PARTS, crossover_length, layer_flops, loglog_slope, time_layer_parts
+from workbench.lab.ch01_panels import AttentionMemoryLab, TTFTLab
+from workbench.lab.ch01_summary import EXERCISES, takeaways
 from workbench.lab.common import GiB, LabPanel, device_label, device_memory_bytes, fmt_bytes, measured_on, style
 from workbench.models import config_names, model_spec
 from workbench.models.llama import LlamaModel
+
+__all__ = ["EXERCISES", "AttentionMemoryLab", "KVMemoryLab", "LayerScalingLab", "TTFTLab", "takeaways"]
 
 COLORS = {"attention": "#d62728", "qkv + output projections": "#1f77b4", "MLP": "#2ca02c"}
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)
@@ -83,10 +88,12 @@ class LayerScalingLab(LabPanel):
             self.figure.data[6].x = n
             self.figure.data[6].y = [100 * f["attention"] / sum(f.values()) for f in flops]
         slopes = self.slopes()
+        crossover = crossover_length(self.model.spec)
+        where = f"N ≈ {crossover:,}" if crossover is not None else "no length (its sliding window keeps it linear)"
         self.status.value = (
             "log-log slopes over the longer half: " + ", ".join(f"{p} <b>{s:.2f}</b>" for p, s in slopes.items())
             + f". Attention takes <b>{frame['attention share'].iloc[-1]:.0%}</b> of the layer at N = {n[-1]:,}; "
-            f"by FLOPs it would overtake the linear parts at N ≈ {crossover_length(self.model.spec):,}.")
+            f"by FLOPs it would overtake the linear parts at {where}.")
 
 
 def _device_memory_options(device: torch.device) -> list[tuple[str, int]]:
