@@ -49,6 +49,13 @@ def static_instructions(tokenizer, num_tokens: int) -> str:
     return " ".join(sentences)
 
 
+def prompt_of_length(tokenizer, num_tokens: int) -> list[int]:
+    """Exactly ``num_tokens`` ids of ordinary English text (the standing instructions, as long as needed)."""
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    return encode_prompt(tokenizer, static_instructions(tokenizer, num_tokens), chat=False)[:num_tokens]
+
+
 # ----------------------------------------------------------------------------------------------- no cache
 @dataclass
 class CacheComparison:
@@ -62,8 +69,10 @@ def cache_vs_no_cache(model, tokenizer, *, context_tokens: int = 48, max_tokens:
     """Generate the same greedy tokens with and without the KV cache, timing every step."""
     prompt = encode_prompt(tokenizer, static_instructions(tokenizer, context_tokens) + " Summarise the rules.")
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    # Warm-up at the real prompt length: first calls at a new shape allocate and pick kernels.
-    generate(model, tokenizer, prompt, SamplingParams(max_tokens=2))
+    # Warm up both modes alike at the real prompt length (first calls at a new shape allocate and pick kernels),
+    # so the two prefills, which are the same work, also time the same.
+    for use_cache in (True, False):
+        generate(model, tokenizer, prompt, SamplingParams(max_tokens=2), use_cache=use_cache)
     rows, summary, tokens = [], [], {}
     for done, use_cache in enumerate((True, False)):
         mode = "with KV cache" if use_cache else "without cache (recompute)"
@@ -180,18 +189,34 @@ def prefix_cache_run(model, tokenizer, *, static_tokens: int = 500, layout: str 
 
 
 # ---------------------------------------------------------------------------------------------- eviction
-PATTERNS = ("round robin", "skewed (Zipf)")
+PATTERNS = ("round robin", "skewed (Zipf)", "shifting hot set")
+ZIPF_S = 1.2
 
 
 def access_order(num_prefixes: int, num_requests: int, pattern: str, seed: int = 0) -> list[int]:
-    """Which shared prefix each request uses: cycling through all, or a few hot ones (Zipf, s = 1.2)."""
+    """Which shared prefix each request uses: cycling through all; a few hot ones (Zipf, s = 1.2); or Zipf whose
+    ranking reverses halfway, so the prefixes that were hot go cold (a new system prompt ships, say)."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
     if pattern == "round robin":
         return [i % num_prefixes for i in range(num_requests)]
-    if pattern == "skewed (Zipf)":
-        rng = random.Random(seed)
-        weights = [1 / (rank + 1) ** 1.2 for rank in range(num_prefixes)]
-        return rng.choices(range(num_prefixes), weights=weights, k=num_requests)
-    raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
+    rng = random.Random(seed)
+    weights = [1 / (rank + 1) ** ZIPF_S for rank in range(num_prefixes)]
+    order = rng.choices(range(num_prefixes), weights=weights, k=num_requests)
+    if pattern == "shifting hot set":
+        half = num_requests // 2
+        order[half:] = [num_prefixes - 1 - k for k in order[half:]]
+    return order
+
+
+def eviction_prompts(num_prefixes: int, num_requests: int, pattern: str, *, prefix_tokens: int = 64,
+                     block_size: int = 16) -> list[list[int]]:
+    """The request stream of the eviction sweep: each prompt is one of ``num_prefixes`` shared prefixes of
+    ``prefix_tokens`` token ids followed by half a block of its own."""
+    rng = random.Random(7)
+    prefixes = [[rng.randrange(100, 30000) for _ in range(prefix_tokens)] for _ in range(num_prefixes)]
+    order = access_order(num_prefixes, num_requests, pattern)
+    return [prefixes[k] + [rng.randrange(100, 30000) for _ in range(block_size // 2)] for k in order]
 
 
 def eviction_sweep(model, tokenizer, budgets: list[int], *, num_prefixes: int = 4, pattern: str = "round robin",
@@ -201,10 +226,8 @@ def eviction_sweep(model, tokenizer, budgets: list[int], *, num_prefixes: int = 
 
     Each request is one of ``num_prefixes`` shared prefixes followed by its own few tokens; they run one at a
     time, so the only thing that differs between budgets is what the LRU cache had to evict."""
-    rng = random.Random(7)
-    prefixes = [[rng.randrange(100, 30000) for _ in range(prefix_tokens)] for _ in range(num_prefixes)]
-    order = access_order(num_prefixes, num_requests, pattern)
-    prompts = [prefixes[k] + [rng.randrange(100, 30000) for _ in range(block_size // 2)] for k in order]
+    prompts = eviction_prompts(num_prefixes, num_requests, pattern, prefix_tokens=prefix_tokens,
+                               block_size=block_size)
     smallest = -(-(len(prompts[0]) + 1) // block_size)
     if min(budgets) < smallest:
         raise ValueError(f"every budget must hold one request ({smallest} blocks of {block_size}), got {min(budgets)}")

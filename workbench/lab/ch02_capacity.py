@@ -1,0 +1,147 @@
+"""Chapter 2's memory-planning panels, computed from real configs (no weights are built):
+
+* ``KVShareLab`` tests the course's "KV cache is 10-30% of GPU memory": the share a serving engine gives the
+  cache on each of several deployments, with the course's band drawn across the bars;
+* ``KVCapacityLab`` plots the KV bytes of a batch against batch size for several context lengths, for one
+  model, under the KV budget a chosen GPU (or several, tensor-parallel) leaves it.
+
+The arithmetic lives in `workbench.lab.ch02_budget`; this module only builds widgets and figures.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from workbench.cache.sizing import cached_tokens
+from workbench.lab.ch02_budget import (
+    GPU_MEMORY,
+    SEED_RANGE,
+    STEP_TOKENS,
+    UTILIZATION,
+    capacity_frame,
+    deployment_budget,
+    deployment_label,
+    kv_share_table,
+    share_verdict,
+)
+from workbench.lab.common import GiB, LabPanel, fmt_bytes, style
+from workbench.models import config_names, model_spec
+
+KV_COLOR = "#9467bd"
+CONTEXTS = [1024, 4096, 8192, 32768, 131072]
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+COMPUTED_FROM = "computed from datasets/configs (bf16 weights, no weights built)"
+
+
+class KVShareLab(LabPanel):
+    """The KV cache's share of GPU memory on several deployments, next to the course's 10-30%."""
+
+    def __init__(self, *, utilization: float = UTILIZATION, step_tokens: int = STEP_TOKENS):
+        self.utilization = widgets.Dropdown(options=[0.8, 0.9, 0.95], value=utilization,
+                                            description="memory utilization", style={"description_width": "initial"})
+        self.step_tokens = widgets.Dropdown(options=[2048, 8192, 16384], value=step_tokens,
+                                            description="tokens per step", style={"description_width": "initial"})
+        fig = go.Figure()
+        fig.add_bar(name="KV cache", orientation="h", marker_color=KV_COLOR, textposition="outside")
+        fig.add_vrect(x0=100 * SEED_RANGE[0], x1=100 * SEED_RANGE[1], fillcolor="#ffbb78", opacity=0.35,
+                      line_width=0, annotation_text="the seed's 10–30%", annotation_position="top left")
+        fig.update_xaxes(title_text="KV cache share of the GPUs' memory (%)", range=[0, 105])
+        fig.update_yaxes(autorange="reversed")
+        style(fig, "What a serving engine leaves the KV cache", COMPUTED_FROM, height=520)
+        self.figure, self.table = fig, None
+        super().__init__([self.utilization, self.step_tokens], [fig])
+        self.refresh()
+
+    def measure(self) -> None:
+        self.table = kv_share_table(utilization=self.utilization.value, step_tokens=self.step_tokens.value)
+
+    def draw(self) -> None:
+        table = self.table
+        shares = 100 * table["kv_cache"].fillna(0)
+        labels = [f"{s:.0f}%" if s == s else "weights do not fit" for s in 100 * table["kv_cache"]]
+        with self.figure.batch_update():
+            bar = self.figure.data[0]
+            bar.y, bar.x, bar.text = list(table.index), shares, labels
+            bar.customdata = [f"weights {w:.0%}, activations {a:.0%}, held back {h:.0%}"
+                              for w, a, h in zip(table["weights"], table["activations"].fillna(0),
+                                                 table["held_back"], strict=True)]
+            bar.hovertemplate = "%{y}: KV %{x:.0f}%<br>%{customdata}<extra></extra>"
+            self.figure.layout.title.text = (
+                f"What a serving engine leaves the KV cache: {self.utilization.value:.0%} of memory usable, "
+                f"activations of {self.step_tokens.value:,}-token steps")
+        v = share_verdict(table)
+        self.status.value = (
+            f"Across {v['fitting']} deployments that fit, the KV cache gets from <b>{v['lowest']:.0%}</b> to "
+            f"<b>{v['highest']:.0%}</b> of GPU memory; <b>{v['inside']}</b> fall inside the seed's 10–30%, and "
+            f"{v['not_fitting']} cannot hold the weights at all. The share is whatever weights and activations "
+            "leave, not a fraction anyone chooses.")
+
+    def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        shown = self.table.copy()
+        for column in ("weights", "activations", "kv_cache", "held_back"):
+            shown[column] = (100 * shown[column]).round(1)
+        shown = shown.rename(columns={"weights": "weights %", "activations": "activations %",
+                                      "kv_cache": "KV cache %", "held_back": "held back %",
+                                      "sequences": "sequences of that context"})
+        return [("How each deployment's memory divides (bf16 weights and KV)", shown)]
+
+
+class KVCapacityLab(LabPanel):
+    """KV bytes against batch size for several contexts, under one deployment's KV budget."""
+
+    def __init__(self, *, model: str = "llama-3-8b", gpu: str = "80 GiB GPU", gpus: int = 1,
+                 kv_dtype: str = "bfloat16"):
+        self.model = widgets.Dropdown(options=config_names(), value=model, description="model")
+        self.gpu = widgets.Dropdown(options=list(GPU_MEMORY.items()), value=GPU_MEMORY[gpu], description="GPU")
+        self.gpus = widgets.Dropdown(options=[1, 2, 4, 8], value=gpus, description="GPUs (TP)",
+                                     style={"description_width": "initial"})
+        self.kv_dtype = widgets.Dropdown(options=["bfloat16", "fp8_e4m3", "int8", "int4"], value=kv_dtype,
+                                         description="KV dtype")
+        fig = go.Figure()
+        for context in CONTEXTS:
+            fig.add_scatter(name=f"context {context:,}", mode="lines+markers")
+        fig.add_scatter(name="KV budget of the deployment", mode="lines", line={"color": "black", "dash": "dash"})
+        fig.update_xaxes(type="log", title_text="sequences in the batch", dtick="D1")
+        fig.update_yaxes(type="log", title_text="KV cache (GiB)")
+        style(fig, "KV cache of a batch", COMPUTED_FROM, height=460)
+        self.figure, self.frame, self.budget = fig, None, None
+        super().__init__([self.model, self.gpu, self.gpus, self.kv_dtype], [fig])
+        self.refresh()
+
+    def measure(self) -> None:
+        self.frame = capacity_frame(self.model.value, CONTEXTS, BATCHES, kv_format=self.kv_dtype.value)
+        self.budget = deployment_budget(self.model.value, self.gpu.value, self.gpus.value,
+                                        kv_format=self.kv_dtype.value)
+
+    def deployment(self) -> str:
+        gpu = next(name for name, size in GPU_MEMORY.items() if size == self.gpu.value)
+        return deployment_label(self.model.value, gpu, self.gpus.value)
+
+    def max_sequences(self) -> dict[int, int]:
+        """Sequences of each context (within the model's limit) that fit in the budget at once."""
+        if self.budget is None:
+            return {}
+        spec = model_spec(self.model.value)
+        return {c: self.budget.max_concurrency(cached_tokens(spec, c)) for c in sorted(set(self.frame["context"]))}
+
+    def draw(self) -> None:
+        frame = self.frame
+        budget_gib = self.budget.kv_budget_bytes / GiB if self.budget else None
+        with self.figure.batch_update():
+            for trace, context in zip(self.figure.data, CONTEXTS, strict=False):
+                rows = frame[frame["context"] == context]
+                trace.x, trace.y = rows["batch"], rows["kv_bytes"] / GiB
+                trace.visible = bool(len(rows))
+            line = self.figure.data[-1]
+            line.x, line.y = ([BATCHES[0], BATCHES[-1]], [budget_gib] * 2) if budget_gib else ([], [])
+            self.figure.layout.title.text = f"KV cache of a batch: {self.deployment()}, KV in {self.kv_dtype.value}"
+        if self.budget is None:
+            self.status.value = (f"{self.deployment()}: the bf16 weights and activations leave <b>no room</b> for a "
+                                 "KV cache; add GPUs (tensor parallelism) or pick a larger GPU.")
+            return
+        fits = ", ".join(f"<b>{n:,}</b> at {c:,}" for c, n in self.max_sequences().items())
+        self.status.value = (f"{self.deployment()}: KV budget <b>{fmt_bytes(self.budget.kv_budget_bytes)}</b> "
+                             f"({self.budget.kv_budget_bytes / (self.gpus.value * self.gpu.value):.0%} of memory). "
+                             f"Sequences that fit at once, by context: {fits} tokens.")
