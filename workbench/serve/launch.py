@@ -46,12 +46,16 @@ class _DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
-def _server(engine: LLMEngine, host: str, port: int, *, grace_s: float, log_level: str = "warning",
-            **app_options) -> _DrainingServer:
+def _check_listen_options(port: int, grace_s: float) -> None:
     if not 0 <= port <= 65535:
         raise ValueError(f"port must be in [0, 65535], got {port}")
     if grace_s < 0:
         raise ValueError(f"the shutdown grace must be >= 0 seconds, got {grace_s}")
+
+
+def _server(engine: LLMEngine, host: str, port: int, *, grace_s: float, log_level: str = "warning",
+            **app_options) -> _DrainingServer:
+    _check_listen_options(port, grace_s)
     app = create_app(engine, **app_options)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=FLUSH_TIMEOUT_S)
     return _DrainingServer(config, app.state.engine_loop, grace_s)
@@ -59,6 +63,7 @@ def _server(engine: LLMEngine, host: str, port: int, *, grace_s: float, log_leve
 
 def serve_from_args(args: argparse.Namespace) -> None:
     """``workbench serve``: load the engine, then serve until SIGINT/SIGTERM."""
+    _check_listen_options(args.port, args.shutdown_grace)  # before the model loads, not after
     api_key = api_key_from(args)
     warning = exposure_warning(args.host, api_key)
     if warning:
