@@ -138,6 +138,8 @@ def test_chunked_prefill_lab_splits_the_long_prompt_and_static_batching_makes_it
     before = runs
     chunked.shown.value = STATIC  # redraw only: nothing re-runs
     assert chunked.runs is before and chunked.timeline.layout.annotations[1].text == STATIC
+    itl = chunked.sweep_figure.data[0]
+    assert list(itl.x) == [64, 128, 512] and itl.text[-1] == NO_CHUNKING  # no chunking = one 512-token chunk
     with pytest.raises(ValueError, match="chunk size"):
         scheduler_for(0)
 
@@ -150,7 +152,7 @@ def test_streaming_lab_shows_tokens_as_they_come(streaming):
     assert run.ttft_s < run.streamed_total_s
     assert streaming.live.value.startswith("<pre") and "▌" not in streaming.live.value
     streamed, buffered = streaming.figure.data
-    assert list(buffered.y) == [0, 8] and streamed.y[-1] == 8
+    assert list(buffered.y) == [0, 8, 8] and streamed.y[-1] == 8
     caption, table = streaming.stored_tables()[0]
     assert "arrival" in caption and len(table) == min(12, len(run.arrivals))
 

@@ -28,8 +28,8 @@ from workbench.roofline import (
 PREFILL, DECODE, ROOF = "#d62728", "#1f77b4", "#444444"
 # Sweeps per device: (label with a time estimate on the 2-core CPU, prompt lengths, decode batches, decode context).
 ROOFLINE_SWEEPS = {
-    "cpu": [("prompts 16-1,024, batches 1-16 (about 10 s)", (16, 64, 256, 1024), (1, 4, 16), 64),
-            ("prompts 16-2,048, batches 1-64 (about 40 s)", (16, 64, 256, 1024, 2048), (1, 4, 16, 64), 64)],
+    "cpu": [("prompts 16-1,024, batches 1-16 (about 15 s)", (16, 64, 256, 1024), (1, 4, 16), 32),
+            ("prompts 16-2,048, batches 1-64 (about 40 s)", (16, 64, 256, 1024, 2048), (1, 4, 16, 64), 32)],
     "cuda": [("prompts 64-4,096, batches 1-64", (64, 256, 1024, 4096), (1, 8, 64), 128),
              ("prompts 64-8,192, batches 1-256", (64, 256, 1024, 4096, 8192), (1, 8, 64, 256), 128)],
 }
@@ -138,7 +138,7 @@ def peaks_table(peaks: DevicePeaks) -> pd.DataFrame:
 
 
 DECODE_BATCHES = (1, 2, 4, 8, 16)
-CONTEXTS = (64, 256, 1024)
+CONTEXTS = (32, 256, 1024)
 PARTS = (("weights", "bytes_weights", "#7f7f7f"), ("KV read + written", "bytes_kv", "#9467bd"),
          ("activations", "bytes_activations", "#ff7f0e"))
 
@@ -146,8 +146,8 @@ PARTS = (("weights", "bytes_weights", "#7f7f7f"), ("KV read + written", "bytes_k
 class DecodeLab(LabPanel):
     """Decode step time (ITL) against batch size and context, next to bytes / bandwidth; bytes per token."""
 
-    def __init__(self, model, peaks: DevicePeaks, *, context: int = 64, batches: tuple[int, ...] = DECODE_BATCHES,
-                 contexts: tuple[int, ...] = CONTEXTS, steps: int = 6):
+    def __init__(self, model, peaks: DevicePeaks, *, context: int = 32, batches: tuple[int, ...] = DECODE_BATCHES,
+                 contexts: tuple[int, ...] = CONTEXTS, steps: int = 4):
         self.model, self.peaks, self.batches, self.contexts, self.steps = model, peaks, batches, contexts, steps
         self.context = widgets.Dropdown(options=[(f"{c:,} tokens", c) for c in contexts], value=context,
                                         description="context of the batch sweep",

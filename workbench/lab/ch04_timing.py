@@ -96,7 +96,9 @@ def ttft_ratios(frame: pd.DataFrame) -> dict[str, float]:
             "shortest_queued_share": first["queued_s"] / first["ttft_s"]}
 
 
-CHUNKS = (64, 128, 256)
+# Chunk sizes replayed: (label with a time estimate on the 2-core CPU, sizes). Each replay costs ~6 s there.
+CHUNK_SWEEPS = (("chunks of 64 and 128 (about 30 s)", (64, 128)),
+                ("chunks of 32 to 512 (about 50 s)", (32, 64, 128, 256, 512)))
 
 
 def _label(key: str | int) -> str:
@@ -106,50 +108,44 @@ def _label(key: str | int) -> str:
 class ChunkedPrefillLab(LabPanel):
     """A long prompt lands among running decoders: timelines with and without chunking, max ITL by chunk size."""
 
-    def __init__(self, model, *, chunks: tuple[int, ...] = CHUNKS, shown: int = 128,
-                 decoder_tokens: int = DECODER_TOKENS,
-                 long_prompt: int = LONG_PROMPT):
-        self.model, self.chunks, self.decoder_tokens, self.long_prompt = model, chunks, decoder_tokens, long_prompt
-        self.shown = widgets.Dropdown(options=[(f"chunks of {c}", c) for c in chunks] + [(STATIC, STATIC)],
-                                      value=shown, description="compare with no chunking:",
-                                      style={"description_width": "initial"})
-        self.timeline = go.Figure(make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                                                subplot_titles=(NO_CHUNKING, "compared")))
-        self.step_figure = go.Figure(make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
-                                                   subplot_titles=(NO_CHUNKING, "compared")))
-        for row in (1, 2):
-            self.timeline.add_scatter(name="prefill (admitted → first token)", mode="lines", showlegend=row == 1,
-                                      line={"color": PREFILL, "width": 10}, row=row, col=1)
-            self.timeline.add_scatter(name="a token arrives", mode="markers", showlegend=row == 1,
-                                      marker={"color": DECODE, "size": 5, "symbol": "line-ns-open"}, row=row, col=1)
-            for name, color in (("prefill tokens", PREFILL), ("decode tokens", DECODE)):
-                self.step_figure.add_bar(name=name, marker_color=color, showlegend=row == 1, offset=0, row=row, col=1)
-        self.timeline.update_xaxes(title_text="seconds since the first request arrived", row=2, col=1)
-        self.step_figure.update_xaxes(title_text="seconds since the first request arrived (bar width = step time)",
-                                      row=2, col=1)
-        self.step_figure.update_yaxes(title_text="tokens in the step")
-        self.step_figure.update_layout(barmode="stack")
-        style(self.timeline, f"A {long_prompt:,}-token prompt lands among four decoders", measured_on(model),
-              height=520)
-        style(self.step_figure, "What each engine step held", measured_on(model), height=460)
+    def __init__(self, model, *, chunks: tuple[int, ...] | None = None, shown: int | str = 128,
+                 decoder_tokens: int = DECODER_TOKENS, long_prompt: int = LONG_PROMPT):
+        self.model, self.decoder_tokens, self.long_prompt = model, decoder_tokens, long_prompt
+        sweeps = CHUNK_SWEEPS if chunks is None else ((f"chunks of {', '.join(map(str, chunks))}", chunks),)
+        self.sweep = widgets.Dropdown(options=[(label, sizes) for label, sizes in sweeps], value=sweeps[0][1],
+                                      description="replay", layout={"width": "380px"})
+        self.shown = widgets.Dropdown(options=self._shown_options(), value=shown,
+                                      description="compare with no chunking:", style={"description_width": "initial"})
+        self.timeline, self.step_figure = _two_run_figures(model, long_prompt)
         self.sweep_figure = go.Figure()
-        self.sweep_figure.add_scatter(name="decoders' max ITL, chunked", mode="lines+markers",
-                                      line={"color": DECODE})
-        self.sweep_figure.add_scatter(name="long prompt's TTFT, chunked", mode="lines+markers",
-                                      line={"color": PREFILL})
-        for name, color in (("max ITL without chunking", DECODE), ("TTFT without chunking", PREFILL)):
-            self.sweep_figure.add_scatter(name=name, mode="lines", line={"color": color, "dash": "dot"})
-        self.sweep_figure.update_xaxes(type="log", title_text="prefill chunk size (tokens)")
+        self.sweep_figure.add_scatter(name="decoders' max ITL", mode="lines+markers+text", line={"color": DECODE},
+                                      textposition="top center")
+        self.sweep_figure.add_scatter(name="long prompt's TTFT", mode="lines+markers", line={"color": PREFILL})
+        self.sweep_figure.update_xaxes(type="log", title_text="prefill chunk size (tokens; last point: no chunking)")
         self.sweep_figure.update_yaxes(title_text="ms", rangemode="tozero")
         style(self.sweep_figure, "Chunk size trades the decoders' worst stall against the long prompt's TTFT",
               measured_on(model), height=400)
         self.runs: dict[str | int, ScheduleRun] = {}
-        super().__init__([], [self.timeline, self.step_figure, self.sweep_figure], redraw_only=[self.shown])
+        super().__init__([self.sweep], [self.timeline, self.step_figure, self.sweep_figure],
+                         redraw_only=[self.shown])
         self.refresh()
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return tuple(self.sweep.value)
+
+    def _shown_options(self) -> list[tuple[str, int | str]]:
+        return [(f"chunks of {c}", c) for c in self.chunks] + [(STATIC, STATIC)]
 
     def measure(self) -> None:
         self.runs = schedule_sweep(self.model, [NO_CHUNKING, *self.chunks, STATIC], decoder_tokens=self.decoder_tokens,
                                    long_prompt=self.long_prompt, progress=self.progress)
+        self._holding = True  # new choices for the redraw-only dropdown: redraw once, below, not per change
+        try:
+            shown = self.shown.value if self.shown.value in (*self.chunks, STATIC) else self.chunks[0]
+            self.shown.options, self.shown.value = self._shown_options(), shown
+        finally:
+            self._holding = False
         self.progress.finish(f"{len(self.runs)} replays")
 
     def summary(self) -> pd.DataFrame:
@@ -170,14 +166,13 @@ class ChunkedPrefillLab(LabPanel):
                     trace.x, trace.y, trace.width = run.steps["start"], run.steps[column], run.steps["duration_s"]
             self.step_figure.layout.annotations[1].text = run.label
         table = self.summary()
-        chunked = table.loc[[_label(c) for c in self.chunks]]
-        off = table.loc[NO_CHUNKING]
+        # No chunking is the same as one chunk holding the whole prompt: the sweep's last point.
+        swept = table.loc[[_label(c) for c in self.chunks] + [NO_CHUNKING]]
+        x = [*self.chunks, self.long_prompt]
         with self.sweep_figure.batch_update():
-            data = self.sweep_figure.data
-            data[0].x, data[0].y = list(self.chunks), chunked["max_itl_ms"]
-            data[1].x, data[1].y = list(self.chunks), chunked["long_ttft_ms"]
-            for trace, column in zip(data[2:], ("max_itl_ms", "long_ttft_ms"), strict=True):
-                trace.x, trace.y = [min(self.chunks), max(self.chunks)], [off[column]] * 2
+            itl, ttft = self.sweep_figure.data
+            itl.x, itl.y, itl.text = x, swept["max_itl_ms"], [""] * len(self.chunks) + [NO_CHUNKING]
+            ttft.x, ttft.y = x, swept["long_ttft_ms"]
         self.status.value = self._sentence(table)
 
     def reference_label(self) -> str:
@@ -186,9 +181,9 @@ class ChunkedPrefillLab(LabPanel):
 
     def _sentence(self, table: pd.DataFrame) -> str:
         off, on, static = table.loc[NO_CHUNKING], table.loc[self.reference_label()], table.loc[STATIC]
-        alive = "" if table["decoders_outlasted_prefill"].all() else (
-            " <b>Note:</b> in some runs a decoder finished before the long prompt's prefill did, so its worst gap "
-            "understates the stall; raise decoder_tokens.")
+        alive = "" if table.drop(index=STATIC)["decoders_outlasted_prefill"].all() else (
+            " <b>Note:</b> in some runs a decoder finished before the long prompt's prefill did (static batching "
+            "aside, where that is the point), so its worst gap understates the stall; raise decoder_tokens.")
         return (f"Without chunking the decoders' worst gap is <b>{off['max_itl_ms']:.0f} ms</b>; with {on.name} it "
                 f"is <b>{on['max_itl_ms']:.0f} ms ({off['max_itl_ms'] / on['max_itl_ms']:.1f}x lower)</b>, while the "
                 f"long prompt's TTFT goes from {off['long_ttft_ms']:.0f} to {on['long_ttft_ms']:.0f} ms "
@@ -197,6 +192,28 @@ class ChunkedPrefillLab(LabPanel):
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         return [("Each schedule: decoders' max ITL and the long prompt's TTFT (ms)", self.summary())]
+
+
+def _two_run_figures(model, long_prompt: int) -> tuple[go.Figure, go.Figure]:
+    """The lanes figure and the steps figure, each with one subplot per compared run (no chunking on top)."""
+    timeline = go.Figure(make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                                       subplot_titles=(NO_CHUNKING, "compared")))
+    steps = go.Figure(make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                                    subplot_titles=(NO_CHUNKING, "compared")))
+    for row in (1, 2):
+        timeline.add_scatter(name="prefill (admitted → first token)", mode="lines", showlegend=row == 1,
+                             line={"color": PREFILL, "width": 10}, row=row, col=1)
+        timeline.add_scatter(name="a token arrives", mode="markers", showlegend=row == 1,
+                             marker={"color": DECODE, "size": 5, "symbol": "line-ns-open"}, row=row, col=1)
+        for name, color in (("prefill tokens", PREFILL), ("decode tokens", DECODE)):
+            steps.add_bar(name=name, marker_color=color, showlegend=row == 1, offset=0, row=row, col=1)
+    timeline.update_xaxes(title_text="seconds since the first request arrived", row=2, col=1)
+    steps.update_xaxes(title_text="seconds since the first request arrived (bar width = step time)", row=2, col=1)
+    steps.update_yaxes(title_text="tokens in the step")
+    steps.update_layout(barmode="stack")
+    style(timeline, f"A {long_prompt:,}-token prompt lands among four decoders", measured_on(model), height=520)
+    style(steps, "What each engine step held", measured_on(model), height=460)
+    return timeline, steps
 
 
 def _draw_lanes(prefill: go.Scatter, tokens: go.Scatter, run: ScheduleRun) -> None:
@@ -217,7 +234,7 @@ STREAM_PROMPTS = ("Explain in a few sentences why the sky is blue.",
 class StreamingLab(LabPanel):
     """Tokens printed as they arrive (live), and what a reader sees over time, streamed vs not."""
 
-    def __init__(self, engine, *, prompt: str = STREAM_PROMPTS[0], max_tokens: int = 48):
+    def __init__(self, engine, *, prompt: str = STREAM_PROMPTS[0], max_tokens: int = 40):
         self.engine = engine
         self.prompt = widgets.Dropdown(options=STREAM_PROMPTS, value=prompt, description="prompt",
                                        layout={"width": "480px"})
@@ -250,7 +267,8 @@ class StreamingLab(LabPanel):
             streamed, buffered = self.figure.data
             streamed.x = [0.0, *run.arrivals["seconds"]]
             streamed.y = [0, *run.arrivals["tokens_seen"]]
-            buffered.x, buffered.y = [0.0, run.buffered_total_s], [0, tokens]
+            end = max(run.buffered_total_s, run.streamed_total_s)
+            buffered.x, buffered.y = [0.0, run.buffered_total_s, end], [0, tokens, tokens]
         self.status.value = (
             f"Streamed, the first token was on screen after <b>{run.ttft_s * 1e3:.0f} ms</b> and all {tokens} after "
             f"{run.streamed_total_s:.2f} s; unstreamed, the reader sees nothing for <b>{run.buffered_total_s:.2f} s"

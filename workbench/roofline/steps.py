@@ -27,6 +27,8 @@ from workbench.roofline.peaks import DevicePeaks
 
 Progress = Callable[[int, int, str], None]
 BLOCK_SIZE = 16
+# From this prompt length on a prefill step takes about a second on the 2-core CPU: one run is enough.
+LONG_PREFILL = 512
 
 
 def random_prompt(rng: random.Random, tokens: int, vocab_size: int) -> list[int]:
@@ -66,7 +68,10 @@ def _row(model: LlamaModel, kind: str, batch: int, context: int, new_tokens: int
 @torch.inference_mode()
 def measure_prefill_steps(model: LlamaModel, lengths: Sequence[int], *, repeats: int = 2, seed: int = 0,
                           progress: Progress | None = None) -> pd.DataFrame:
-    """Time a whole-prompt prefill step for each prompt length (fastest of ``repeats``); one row per length."""
+    """Time a whole-prompt prefill step for each prompt length; one row per length.
+
+    Prompts shorter than ``LONG_PREFILL`` tokens are timed ``repeats`` times and the fastest kept; longer ones,
+    whose steps last long enough that a stray interruption matters little, once."""
     if not lengths or min(lengths) < 1:
         raise ValueError(f"lengths must be non-empty and >= 1, got {list(lengths)}")
     rng = random.Random(seed)
@@ -77,7 +82,7 @@ def measure_prefill_steps(model: LlamaModel, lengths: Sequence[int], *, repeats:
         if progress is not None:
             progress(i, len(lengths), f"prefill of {n:,} tokens")
         times = [_run(engine, [random_prompt(rng, n, model.spec.vocab_size)], 1)["duration_s"].iloc[0]
-                 for _ in range(repeats)]
+                 for _ in range(repeats if n < LONG_PREFILL else 1)]
         rows.append(_row(model, "prefill", 1, n, n, min(times), prefill_work(n)))
     return pd.DataFrame(rows)
 
