@@ -1,14 +1,14 @@
-"""Paged decode attention: Triton kernel (one split, flash-decoding splits) vs the PyTorch reference, side by side.
+"""Paged decode attention: Triton kernel (one split, flash-decoding splits) vs the PyTorch CPU path, side by side.
 
 Why it exists: decode attention is bound by reading the KV cache, so the table reports the bandwidth each version
-reaches (K and V bytes read / time) next to its time, for a sweep of context lengths, and checks every Triton
-result against the float32 reference before timing it. Without CUDA it says so and times only the reference,
-which is what the CPU engine runs.
+reaches (K and V bytes read / time) next to its time, for a sweep of context lengths, and checks every result
+against the float32 reference (the specification) before timing it. Without CUDA it says so and times only the
+vectorized CPU path (``paged_decode_attention_cpu``), which is what the CPU engine runs.
 
 ``--formats auto,fp8_e4m3,int8,int4`` times the same decode step per KV-cache format instead (each quantized
 cache checked against the float reference on its dequantized twin first); bandwidth then counts the bytes each
-format really reads, scales included. Without CUDA only the references run (the Triton rows need CUDA), and the
-ratio column compares each format's reference with ``auto``'s: the cost of dequantizing in PyTorch.
+format really reads, scales included. Without CUDA only the CPU path runs (the Triton rows need CUDA), and the
+ratio column compares each format's CPU path with ``auto``'s: the cost of dequantizing in PyTorch.
 
     .venv/bin/python benchmarks/bench_decode_kernel.py [--seqs 32] [--contexts 128,512,2048]
         [--heads 9] [--kv-heads 3] [--head-dim 64] [--block-size 16] [--dtype bfloat16] [--tile 64]
@@ -21,17 +21,22 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from workbench_kernels.kv_quant import KV_FORMATS, cache_shapes
 from workbench_kernels.paged_decode_attention import (
+    paged_decode_attention_cpu,
     paged_decode_attention_reference,
     paged_decode_attention_triton,
 )
-from workbench_kernels.testing import assert_close, random_paged_kv, random_queries, upcast
-from workbench_kernels.testing_quant import random_quantized_paged_kv
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the kernel tests' input generators
+from kernel_testing import assert_close, random_paged_kv, random_queries, upcast  # noqa: E402
+from kernel_testing_quant import random_quantized_paged_kv  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -51,7 +56,7 @@ def _time_ms(fn, device: torch.device, repeats: int) -> float:
 
 
 def _implementations(device: torch.device, tile: int) -> dict:
-    impls = {"reference (SDPA)": paged_decode_attention_reference}
+    impls = {"cpu path (SDPA)": paged_decode_attention_cpu}
     if device.type == "cuda":
         impls["triton, 1 split"] = lambda *a: paged_decode_attention_triton(*a, tile_size=tile, num_splits=1)
         impls["triton, auto splits"] = lambda *a: paged_decode_attention_triton(*a, tile_size=tile)
@@ -150,7 +155,7 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda":
-        print("CUDA is not available: timing the PyTorch reference only (the CPU engine's path), in float32; "
+        print("CUDA is not available: timing the PyTorch CPU path only (the CPU engine's), in float32; "
               "the Triton rows need CUDA.")
     run = _run_context if args.formats is None else _run_formats
     rows = [row for context in map(int, args.contexts.split(",")) for row in run(args, context, device)]

@@ -80,6 +80,24 @@ def cache_shapes(kv_format: str, num_blocks: int, block_size: int, num_kv_heads:
             "scale_shape": (*slots, head_dim // INT4_GROUP, 2), "scale_dtype": torch.float16, "scale_per_slot": True}
 
 
+def slot_bytes(kv_format: str, num_kv_heads: int, head_dim: int, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes one cache slot takes in ``kv_format``: one token's keys (or values) of one layer, every KV head, with
+    its per-slot scales. fp8's static scales belong to a layer, not a slot, and are not counted. Derived from
+    ``cache_shapes``, so every size the workbench reports is the layout the kernels read."""
+    shapes = cache_shapes(kv_format, 1, 1, num_kv_heads, head_dim, dtype)
+    total = _num_bytes(shapes["data_shape"], shapes["data_dtype"])
+    if shapes["scale_per_slot"]:
+        total += _num_bytes(shapes["scale_shape"], shapes["scale_dtype"])
+    return total
+
+
+def _num_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count * torch.empty(0, dtype=dtype).element_size()
+
+
 def allocate_cache(kv_format: str, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """An empty ``(data, scales)`` pair laid out by ``cache_shapes``; fp8 scales start at 1.0, others empty/None."""

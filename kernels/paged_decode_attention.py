@@ -5,8 +5,9 @@ tile once per (sequence, KV head) and uses it for every query head of that GQA g
 KV head). Long contexts with few sequences can also split the keys across programs (flash-decoding): each split
 writes a partial result and a small second kernel merges them.
 
-``paged_decode_attention`` dispatches by device: CUDA tensors run the Triton kernels, CPU tensors the PyTorch
-reference, which the CPU engine runs for real on every layer of every decode step.
+``paged_decode_attention`` dispatches by device: CUDA tensors run the Triton kernels, CPU tensors
+``paged_decode_attention_cpu``, a vectorized PyTorch path the CPU engine runs on every layer of every decode
+step. ``paged_decode_attention_reference`` is the specification both are tested against.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ from ._common import (
     triton,
 )
 from ._kv_args import check_kv_args, kv_kernel_args
-from ._paged_gather import DecodeGatherPlan, decode_gather_plan, planned_values
+from ._paged_gather import DecodeGatherPlan, decode_gather_plan, planned_values, sequence_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
 
-__all__ = ["decode_gather_plan", "paged_decode_attention", "paged_decode_attention_reference",
-           "paged_decode_attention_triton"]
+__all__ = ["decode_gather_plan", "paged_decode_attention", "paged_decode_attention_cpu",
+           "paged_decode_attention_reference", "paged_decode_attention_triton"]
 
 # Keys per loop iteration. Untuned (no GPU measurement yet; benchmarks/bench_decode_kernel.py --tile measures it):
 # 64 keys x 128 dims x 2 bytes = 16 KiB per K or V tile, within what one program keeps in registers/shared memory.
@@ -236,8 +237,7 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
 def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                                      kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                                     v_scale: torch.Tensor | None = None,
-                                     plan: DecodeGatherPlan | None = None) -> torch.Tensor:
+                                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """The specification: ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over keys ``0..context_lens[b]-1``.
 
     query ``[num_seqs, num_heads, head_dim]``; caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` (or a
@@ -246,11 +246,31 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
     ``h`` reads KV head ``h // (num_heads // num_kv_heads)``. Returns ``[num_seqs, num_heads, head_dim]`` in the
     query's dtype. Quantized keys and values are ``kv_quant.dequantize_kv`` of the stored ones, in the query's dtype.
 
-    Vectorized for the CPU engine: one gather into a padded batch (dequantized there), one SDPA call on 4-D inputs
-    (3-D inputs fall back to SDPA's slow math path). Measured on 2 shared cores (this repo's CI-class x86-64, torch
-    2.13), float32, 32 sequences, 9 query / 3 KV heads, head_dim 64, block 16, best of 100 calls: 3.5 ms with 512
-    keys each (no mask needed); 4.2 ms with 472-512 keys (two gathers 0.6 ms each, masked SDPA 2.0 ms). Medians
-    ran ~6.5 ms. {QUANT_COST}"""
+    One sequence at a time, as plainly as it can be said; ``paged_decode_attention_cpu`` is the fast CPU path."""
+    if kv_format != "auto" or k_scale is not None or v_scale is not None:
+        _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format, k_scale,
+                           v_scale)
+    out = torch.empty_like(query)
+    for b, context_len in enumerate(context_lens.tolist()):
+        keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_tables[b], context_len)
+        values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_tables[b], context_len)
+        attended = F.scaled_dot_product_attention(query[b][None, :, None], keys, values, scale=scale, enable_gqa=True)
+        out[b] = attended[0, :, 0]
+    return out
+
+
+def paged_decode_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
+                               kv_format: str = "auto", k_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None,
+                               plan: DecodeGatherPlan | None = None) -> torch.Tensor:
+    """``paged_decode_attention_reference``'s result, vectorized for the CPU engine, which runs it on every layer
+    of every decode step: one gather into a padded batch (dequantized there), one SDPA call on 4-D inputs (3-D
+    inputs fall back to SDPA's slow math path). ``plan`` is the gather worked out once for these tables.
+
+    Measured on 2 shared cores (this repo's CI-class x86-64, torch 2.13), float32, 32 sequences, 9 query / 3 KV
+    heads, head_dim 64, block 16, best of 100 calls: 3.5 ms with 512 keys each (no mask needed); 4.2 ms with
+    472-512 keys (two gathers 0.6 ms each, masked SDPA 2.0 ms). Medians ran ~6.5 ms."""
     if kv_format != "auto" or k_scale is not None or v_scale is not None:
         _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format, k_scale,
                            v_scale)
@@ -260,9 +280,8 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
         plan = decode_gather_plan(block_tables, context_lens, key_cache.shape[1])
     keys = planned_values(key_cache, k_scale, kv_format, query.dtype, plan)
     values = planned_values(value_cache, v_scale, kv_format, query.dtype, plan)
-    mask = plan.mask
     out = F.scaled_dot_product_attention(query.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-                                         attn_mask=mask, scale=scale, enable_gqa=True)
+                                         attn_mask=plan.mask, scale=scale, enable_gqa=True)
     return out.squeeze(2)
 
 
@@ -273,10 +292,10 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
                            cpu_plan: DecodeGatherPlan | None = None) -> torch.Tensor:
     """Attention of one new token per sequence over its paged keys (see ``paged_decode_attention_reference``).
 
-    ``cpu_plan``: the CPU reference's gather worked out once for these tables (`decode_gather_plan`), so that a
+    ``cpu_plan``: the CPU path's gather worked out once for these tables (`decode_gather_plan`), so that a
     model's layers do not each redo it; ignored on CUDA."""
     fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
     if query.is_cuda:
         return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt)
-    return paged_decode_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt,
-                                            plan=cpu_plan)
+    return paged_decode_attention_cpu(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt,
+                                      plan=cpu_plan)

@@ -9,7 +9,8 @@ loaded once for all heads of its KV head. Its grid numbers query blocks as vLLM'
 ``b``'s blocks start at ``query_start_loc[b] // BLOCK_Q + b``, an upper bound that needs no host sync; a binary
 search over ``query_start_loc`` maps a program back to its sequence.
 
-``paged_prefill_attention`` dispatches by device: CUDA tensors run the Triton kernel, CPU tensors the reference.
+``paged_prefill_attention`` dispatches by device: CUDA tensors run the Triton kernel, CPU tensors the fast CPU
+path ``paged_prefill_attention_cpu``; ``paged_prefill_attention_reference`` is the specification.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ._common import (
 from ._kv_args import check_kv_args, kv_kernel_args
 from ._paged_gather import sequence_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
-from .paged_decode_attention import paged_decode_attention_reference
+from .paged_decode_attention import paged_decode_attention_cpu
 
 # Rows (query token x query head pairs) and keys per program. Untuned (no GPU measurement yet): the usual
 # flash-attention starting point of 64 x 64 tiles with 4 warps.
@@ -230,28 +231,53 @@ def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tens
     table as in ``paged_decode_attention_reference`` (quantized formats likewise). Query head ``h`` reads KV head
     ``h // (num_heads // num_kv_heads)``. Returns ``[total_query_tokens, num_heads, head_dim]`` in the query's dtype.
 
-    For the CPU engine, single-token rows go through the batched decode reference in one call; longer chunks
-    run one SDPA each, over only the blocks they need (dequantized first for quantized formats)."""
+    One sequence at a time; ``paged_prefill_attention_cpu`` is the fast CPU path."""
     fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
     if kv_format != "auto" or k_scale is not None or v_scale is not None:
         _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
-    starts = query_start_loc.tolist()
-    context = context_lens.tolist()
+    starts, context = query_start_loc.tolist(), context_lens.tolist()
+    for b, (start, end) in enumerate(zip(starts, starts[1:], strict=False)):
+        if end > start:
+            out[start:end] = _sequence_attention(query[start:end], key_cache, value_cache, block_tables[b],
+                                                 context[b], scale, **fmt)
+    return out
+
+
+def paged_prefill_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                                block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
+                                scale: float, *, kv_format: str = "auto", k_scale: torch.Tensor | None = None,
+                                v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``paged_prefill_attention_reference``'s result for the CPU engine: single-token rows (decodes verifying
+    nothing, or a chunk's last token) go through the batched ``paged_decode_attention_cpu`` in one call, longer
+    chunks run one SDPA each over only the blocks they need."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
+    if kv_format != "auto" or k_scale is not None or v_scale is not None:
+        _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt)
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    starts, context = query_start_loc.tolist(), context_lens.tolist()
     q_lens = [end - start for start, end in zip(starts, starts[1:], strict=False)]
     singles = [b for b, n in enumerate(q_lens) if n == 1]
     if singles:
         index = torch.tensor(singles, device=query.device)
         rows = query_start_loc[index].long()
-        out[rows] = paged_decode_attention_reference(query[rows], key_cache, value_cache, block_tables[index],
-                                                     context_lens[index], scale, **fmt)
+        out[rows] = paged_decode_attention_cpu(query[rows], key_cache, value_cache, block_tables[index],
+                                               context_lens[index], scale, **fmt)
     for b, n in enumerate(q_lens):
         if n > 1:
             rows = slice(starts[b], starts[b] + n)
-            keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_tables[b], context[b])
-            values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_tables[b], context[b])
-            out[rows] = _chunk_attention(query[rows], keys, values, scale)
+            out[rows] = _sequence_attention(query[rows], key_cache, value_cache, block_tables[b], context[b], scale,
+                                            **fmt)
     return out
+
+
+def _sequence_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                        block_table: torch.Tensor, context_len: int, scale: float, *, kv_format: str,
+                        k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> torch.Tensor:
+    """One sequence's query rows over its keys, read (and dequantized) through its block table."""
+    keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_table, context_len)
+    values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_table, context_len)
+    return _chunk_attention(query, keys, values, scale)
 
 
 def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -263,5 +289,5 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_
     if query.is_cuda:
         return paged_prefill_attention_triton(query, key_cache, value_cache, block_tables, query_start_loc,
                                               context_lens, scale, **fmt)
-    return paged_prefill_attention_reference(query, key_cache, value_cache, block_tables, query_start_loc,
-                                             context_lens, scale, **fmt)
+    return paged_prefill_attention_cpu(query, key_cache, value_cache, block_tables, query_start_loc, context_lens,
+                                       scale, **fmt)

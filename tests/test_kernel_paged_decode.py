@@ -1,6 +1,7 @@
-"""Paged decode attention: the Triton kernel (interpreter on CPU, or CUDA) against the reference, and the reference
-against literal loops. Every cache slot a test did not fill is NaN, unused block-table entries point at NaN blocks,
-and outputs start as NaN, so a wrong read or a missed write cannot pass."""
+"""Paged decode attention: the Triton kernel (interpreter on CPU, or CUDA) and the fast CPU path against the
+reference, and the reference against literal loops. Every cache slot a test did not fill is NaN, unused
+block-table entries point at NaN blocks, and outputs start as NaN, so a wrong read or a missed write cannot
+pass."""
 
 from __future__ import annotations
 
@@ -8,15 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from workbench_kernels.paged_decode_attention import (
-    _choose_splits,
-    decode_gather_plan,
-    paged_decode_attention,
-    paged_decode_attention_reference,
-    paged_decode_attention_triton,
-)
-from workbench_kernels.testing import (
+from kernel_testing import (
     DECODE_CONTEXT_LENS,
     GQA_RATIOS,
     HEAD_DIM_AND_BLOCK_CASES,
@@ -28,6 +21,15 @@ from workbench_kernels.testing import (
     random_paged_kv,
     random_queries,
     upcast,
+)
+
+from workbench_kernels.paged_decode_attention import (
+    _choose_splits,
+    decode_gather_plan,
+    paged_decode_attention,
+    paged_decode_attention_cpu,
+    paged_decode_attention_reference,
+    paged_decode_attention_triton,
 )
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -111,19 +113,21 @@ def test_reference_matches_literal_loops(num_heads, num_kv_heads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_reference_in_low_precision(dtype):
-    """The CPU engine may run the reference in bf16/fp16 itself: it must stay within that dtype's tolerance."""
+@pytest.mark.parametrize("path", [paged_decode_attention_reference, paged_decode_attention_cpu])
+def test_reference_and_cpu_path_in_low_precision(dtype, path):
+    """The CPU engine may run in bf16/fp16: both CPU functions must stay within that dtype's tolerance."""
     query, kv, scale = _case("cpu", dtype, 9, 3, 64, 16)
-    got = paged_decode_attention_reference(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.context_lens,
-                                           scale)
+    got = path(query, kv.key_cache, kv.value_cache, kv.block_tables, kv.context_lens, scale)
     assert got.dtype == dtype
     assert_close(got, _expected(query, kv, scale), dtype)
 
 
-def test_public_function_on_cpu_runs_the_reference():
-    query, kv, scale = _case("cpu", torch.float32, 9, 3, 64, 16)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA_RATIOS)
+def test_public_function_on_cpu_runs_the_fast_path_which_matches_the_reference(num_heads, num_kv_heads):
+    query, kv, scale = _case("cpu", torch.float32, num_heads, num_kv_heads, 64, 16)
     args = query, kv.key_cache, kv.value_cache, kv.block_tables, kv.context_lens, scale
-    assert torch.equal(paged_decode_attention(*args), paged_decode_attention_reference(*args))
+    assert torch.equal(paged_decode_attention(*args), paged_decode_attention_cpu(*args))
+    assert_close(paged_decode_attention_cpu(*args), paged_decode_attention_reference(*args), torch.float32)
 
 
 def test_comparison_helper_reports_the_mismatch():
@@ -192,7 +196,7 @@ def test_block_ids_past_2_31_elements(device):
     check_large_block_ids_in_subprocess("decode", device)
 
 
-def test_reference_with_a_precomputed_gather_plan():
+def test_cpu_path_with_a_precomputed_gather_plan():
     """The CPU engine works out where the keys are once per step and hands that plan to every layer; a single
     sequence on consecutive blocks is read in place, without a gather. Same answers either way."""
     torch.manual_seed(0)

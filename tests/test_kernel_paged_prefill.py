@@ -6,13 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from workbench_kernels.paged_prefill_attention import (
-    paged_prefill_attention,
-    paged_prefill_attention_reference,
-    paged_prefill_attention_triton,
-)
-from workbench_kernels.testing import (
+from kernel_testing import (
     GQA_RATIOS,
     HEAD_DIM_AND_BLOCK_CASES,
     MIXED_STEP_CONTEXT_LENS,
@@ -25,6 +19,13 @@ from workbench_kernels.testing import (
     random_paged_kv,
     random_queries,
     upcast,
+)
+
+from workbench_kernels.paged_prefill_attention import (
+    paged_prefill_attention,
+    paged_prefill_attention_cpu,
+    paged_prefill_attention_reference,
+    paged_prefill_attention_triton,
 )
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -100,19 +101,21 @@ def test_reference_matches_literal_loops(num_heads, num_kv_heads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_reference_in_low_precision(dtype):
-    """The CPU engine may run the reference in bf16/fp16 itself: it must stay within that dtype's tolerance."""
+@pytest.mark.parametrize("path", [paged_prefill_attention_reference, paged_prefill_attention_cpu])
+def test_reference_and_cpu_path_in_low_precision(dtype, path):
+    """The CPU engine may run in bf16/fp16: both CPU functions must stay within that dtype's tolerance."""
     query, kv, starts, scale = _case("cpu", dtype, 9, 3, 64, 16)
-    got = paged_prefill_attention_reference(query, kv.key_cache, kv.value_cache, kv.block_tables, starts,
-                                            kv.context_lens, scale)
+    got = path(query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, scale)
     assert got.dtype == dtype
     assert_close(got, _expected(query, kv, starts, scale), dtype)
 
 
-def test_public_function_on_cpu_runs_the_reference():
-    query, kv, starts, scale = _case("cpu", torch.float32, 9, 3, 64, 16)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), GQA_RATIOS)
+def test_public_function_on_cpu_runs_the_fast_path_which_matches_the_reference(num_heads, num_kv_heads):
+    query, kv, starts, scale = _case("cpu", torch.float32, num_heads, num_kv_heads, 64, 16)
     args = query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, scale
-    assert torch.equal(paged_prefill_attention(*args), paged_prefill_attention_reference(*args))
+    assert torch.equal(paged_prefill_attention(*args), paged_prefill_attention_cpu(*args))
+    assert_close(paged_prefill_attention_cpu(*args), paged_prefill_attention_reference(*args), torch.float32)
 
 
 def _bad(case: str):

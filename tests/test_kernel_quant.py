@@ -1,5 +1,5 @@
-"""Quantized KV formats: the kv_quant references (round trips within each format's bound, int4 packing, layouts
-that match the sizing code), and quantize-on-write in store_kv, where the Triton kernel (interpreter on CPU, or
+"""Quantized KV formats: the kv_quant references (round trips within each format's bound, int4 packing, slot sizes
+that match what is allocated), and quantize-on-write in store_kv, where the Triton kernel (interpreter on CPU, or
 CUDA) must write the reference's bytes and scales exactly. Attention over quantized caches is in
 test_kernel_quant_attention.py."""
 
@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing_quant import FP8_NAN_BYTE, fp8_scales_for
 
-from workbench.cache.kv_formats import QUANTIZED_FORMATS
 from workbench_kernels.kv_quant import (
+    allocate_cache,
     cache_shapes,
     dequantize_kv,
     pack_int4,
     quantize_kv,
     roundtrip_error_bound,
+    slot_bytes,
     unpack_int4,
 )
 from workbench_kernels.store_kv import store_kv, store_kv_reference, store_kv_triton
-from workbench_kernels.testing_quant import FP8_NAN_BYTE, fp8_scales_for
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 FORMATS = ["fp8_e4m3", "int8", "int4"]
@@ -69,18 +70,16 @@ def test_int4_pack_unpack_is_exact():
 
 
 @pytest.mark.parametrize("kv_format", ["auto", *FORMATS])
-def test_cache_shapes_match_the_sizing_code(kv_format):
-    """The engine allocates from cache_shapes and sizes memory from workbench.cache.kv_formats: they must agree."""
+def test_slot_bytes_are_what_an_allocated_cache_holds(kv_format):
+    """The sizing code (`workbench.cache.sizing`) counts slot_bytes; it must be what allocate_cache really holds
+    per slot (hand arithmetic per format is in test_sizing.py). fp8's static per-head scales are not per slot."""
     num_blocks, block_size, heads, head_dim = 7, 16, 3, 128
-    layout = cache_shapes(kv_format, num_blocks, block_size, heads, head_dim, torch.bfloat16)
-    data_bytes = torch.empty((), dtype=layout["data_dtype"]).element_size() * layout["data_shape"][-1]
-    scale_bytes = 0
-    if layout["scale_per_slot"]:
-        per_slot = layout["scale_shape"][3:]
-        scale_bytes = torch.empty((), dtype=layout["scale_dtype"]).element_size() * int(torch.tensor(per_slot).prod())
-    assert layout["data_shape"][:3] == (num_blocks, block_size, heads)
-    expected = 2 * head_dim if kv_format == "auto" else QUANTIZED_FORMATS[kv_format].bytes_per_head_vector(head_dim)
-    assert data_bytes + scale_bytes == expected
+    data, scales = allocate_cache(kv_format, num_blocks, block_size, heads, head_dim, torch.bfloat16)
+    held = data.numel() * data.element_size()
+    if cache_shapes(kv_format, 1, 1, heads, head_dim)["scale_per_slot"]:
+        held += scales.numel() * scales.element_size()
+    assert data.shape[:3] == (num_blocks, block_size, heads)
+    assert held == num_blocks * block_size * slot_bytes(kv_format, heads, head_dim, torch.bfloat16)
 
 
 def _fp8_edge_values() -> torch.Tensor:

@@ -7,19 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from workbench_kernels.kv_quant import allocate_cache
-from workbench_kernels.paged_decode_attention import (
-    paged_decode_attention,
-    paged_decode_attention_reference,
-    paged_decode_attention_triton,
-)
-from workbench_kernels.paged_prefill_attention import (
-    paged_prefill_attention_reference,
-    paged_prefill_attention_triton,
-)
-from workbench_kernels.store_kv import store_kv_reference, store_kv_triton
-from workbench_kernels.testing import (
+from kernel_testing import (
     DECODE_CONTEXT_LENS,
     GQA_RATIOS,
     MIXED_STEP_CONTEXT_LENS,
@@ -30,7 +18,20 @@ from workbench_kernels.testing import (
     random_queries,
     upcast,
 )
-from workbench_kernels.testing_quant import random_quantized_paged_kv
+from kernel_testing_quant import random_quantized_paged_kv
+
+from workbench_kernels.kv_quant import allocate_cache
+from workbench_kernels.paged_decode_attention import (
+    paged_decode_attention,
+    paged_decode_attention_reference,
+    paged_decode_attention_triton,
+)
+from workbench_kernels.paged_prefill_attention import (
+    paged_prefill_attention,
+    paged_prefill_attention_reference,
+    paged_prefill_attention_triton,
+)
+from workbench_kernels.store_kv import store_kv_reference, store_kv_triton
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 FORMATS = ["fp8_e4m3", "int8", "int4"]
@@ -102,17 +103,20 @@ def test_decode_kernel_with_splits_and_small_tiles(device, kv_format):
 
 
 @pytest.mark.parametrize("kv_format", FORMATS)
-def test_references_read_quantized_caches_as_their_dequantized_twins(kv_format):
-    """What the CPU engine runs: the references given the quantized cache equal them on the dequantized one."""
+@pytest.mark.parametrize("prefill,decode", [(paged_prefill_attention_reference, paged_decode_attention_reference),
+                                            (paged_prefill_attention, paged_decode_attention)])
+def test_cpu_functions_read_quantized_caches_as_their_dequantized_twins(kv_format, prefill, decode):
+    """The references, and what the CPU engine runs (the public functions' fast CPU paths): given the quantized
+    cache they equal the reference on the dequantized one."""
     query, qkv, scale = _case("cpu", kv_format, torch.float32, 9, 3, 64, sum(MIXED_STEP_QUERY_LENS),
                               MIXED_STEP_CONTEXT_LENS)
     starts = query_start_loc(MIXED_STEP_QUERY_LENS)
-    got = paged_prefill_attention_reference(query, qkv.key_cache, qkv.value_cache, qkv.block_tables, starts,
-                                            qkv.context_lens, scale, **qkv.format_args())
+    got = prefill(query, qkv.key_cache, qkv.value_cache, qkv.block_tables, starts, qkv.context_lens, scale,
+                  **qkv.format_args())
     assert_close(got, _prefill_expected(query, qkv, starts, scale), torch.float32)
     decode_query = query[:len(MIXED_STEP_CONTEXT_LENS)]
-    got = paged_decode_attention(decode_query, qkv.key_cache, qkv.value_cache, qkv.block_tables, qkv.context_lens,
-                                 scale, **qkv.format_args())
+    got = decode(decode_query, qkv.key_cache, qkv.value_cache, qkv.block_tables, qkv.context_lens, scale,
+                 **qkv.format_args())
     assert_close(got, _decode_expected(decode_query, qkv, scale), torch.float32)
 
 

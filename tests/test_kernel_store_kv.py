@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import check_large_block_ids_in_subprocess
 
 from workbench_kernels.store_kv import store_kv, store_kv_reference, store_kv_triton
-from workbench_kernels.testing import check_large_block_ids_in_subprocess
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

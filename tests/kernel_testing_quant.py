@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kernel_testing import PagedKV, random_paged_kv
 
-from .kv_quant import FP8_MAX, dequantize_kv, quantize_kv
-from .testing import PagedKV, random_paged_kv
+from workbench_kernels.kv_quant import FP8_MAX, dequantize_kv, quantize_kv
 
 FP8_NAN_BYTE = 0x7F
 

@@ -2,8 +2,8 @@
 
 Why it exists: the kernel tests (and the GPU benchmark) need the same inputs: random values (never zeros, which
 hide wrong reads), shuffled block tables whose unused entries point at garbage, and every cache slot the test
-did not write poisoned with NaN, so that reading a wrong slot turns the output into NaN. pytest imports test files
-in importlib mode with no shared test module on the path, hence helpers inside the package.
+did not write poisoned with NaN, so that reading a wrong slot turns the output into NaN. They live with the tests,
+not in the installed kernel package; the decode benchmark puts this folder on its path to reuse them.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -177,9 +178,9 @@ def check_large_block_ids(kernel: str, device: str = "cpu") -> None:
     The float16 cache is ~4.3 GiB per tensor but only its top 48 blocks are touched (``torch.empty`` is lazily
     backed). Under the interpreter, offsets computed in int32 wrap negative and read outside the cache, which
     crashes the process (SIGSEGV, checked by reverting the int64 casts), hence tests run this in a subprocess."""
-    from . import paged_decode_attention as decode
-    from . import paged_prefill_attention as prefill
-    from . import store_kv
+    from workbench_kernels import paged_decode_attention as decode
+    from workbench_kernels import paged_prefill_attention as prefill
+    from workbench_kernels import store_kv
 
     if kernel not in ("store_kv", "decode", "prefill"):
         raise ValueError(f"unknown kernel {kernel!r}: choose 'store_kv', 'decode' or 'prefill'")
@@ -215,7 +216,8 @@ def check_large_block_ids_in_subprocess(kernel: str, device: str = "cpu") -> Non
     """`check_large_block_ids` in a fresh interpreter (under TRITON_INTERPRET on the CPU); raise AssertionError
     with its exit code and stderr if it fails: an out-of-bounds access there kills the process (exit -11)
     rather than failing an assert, and must not take the test session down with it."""
-    code = f"from workbench_kernels.testing import check_large_block_ids; check_large_block_ids({kernel!r}, {device!r})"
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from kernel_testing import "
+            f"check_large_block_ids; check_large_block_ids({kernel!r}, {device!r})")
     env = {**os.environ, **({"TRITON_INTERPRET": "1"} if device == "cpu" else {})}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     if result.returncode != 0:
