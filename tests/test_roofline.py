@@ -128,3 +128,21 @@ def test_real_steps_sit_under_the_measured_roof_on_their_side_of_the_ridge(real_
     assert one["intensity"] < peaks.ridge < long["intensity"], (one["intensity"], peaks.ridge, long["intensity"])
     assert one["bound"] == "bandwidth" and long["bound"] == "compute"
     assert one["context"] == 32 + 2 and one["step_s"] > 0  # the middle of four decode steps after a 32-token prompt
+
+
+@pytest.mark.gpu
+def test_cuda_steps_sit_under_the_measured_roof_on_their_side_of_the_ridge():
+    """The same on a GPU, in bf16, with Llama-3-8B's shapes (four layers, random weights): the real model is too
+    small there for a batch-1 decode to be more than kernel launches."""
+    model = workbench.random_model("llama-3-8b", num_layers=4, dtype=torch.bfloat16, device="cuda")
+    before = measure_peaks("cuda", torch.bfloat16)
+    prefill = measure_prefill_steps(model, [4096], repeats=1)
+    decode = measure_decode_steps(model, [1], [128], steps=4)
+    after = measure_peaks("cuda", torch.bfloat16)
+    peaks = DevicePeaks("cuda", "bfloat16", max(before.flops_per_s, after.flops_per_s),
+                        max(before.bytes_per_s, after.bytes_per_s))
+    points = place_on_roofline(pd.concat([prefill, decode], ignore_index=True), peaks)
+    assert (points["flops_per_s"] <= NOISE * peaks.flops_per_s).all(), points
+    assert (points["bytes_per_s"] <= NOISE * peaks.bytes_per_s).all(), points
+    long, one = points.iloc[0], points.iloc[1]
+    assert one["intensity"] < peaks.ridge < long["intensity"], (one["intensity"], peaks.ridge, long["intensity"])
