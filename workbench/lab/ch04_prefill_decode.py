@@ -133,6 +133,7 @@ def takeaways(roofline: RooflineLab, decode: DecodeLab, ttft_alone: pd.DataFrame
     table = chunked.summary()
     chunk = table.loc[chunked.reference_label()]
     stall_cut = table.loc[NO_CHUNKING, "max_itl_ms"] / chunk["max_itl_ms"]
+    residual = chunk["max_itl_ms"] / chunk["mean_itl_ms"]  # the stall chunking leaves, in typical gaps
     static_wait = table.loc[STATIC, "long_ttft_ms"] / table.loc[NO_CHUNKING, "long_ttft_ms"]
     run = streaming.run
     rows = [
@@ -147,15 +148,17 @@ def takeaways(roofline: RooflineLab, decode: DecodeLab, ttft_alone: pd.DataFrame
          f"{int(batch['batch'].iloc[-1])}",
          _verdict(ttft_alone["ttft_s"].is_monotonic_increasing and itl_growth > 1, queued_share > 0.5)),
         ("Chunked prefill prevents long prompts from stalling decode for other sequences.",
-         f"decoders' max ITL {stall_cut:.1f}x lower with {chunk.name}; the long prompt's TTFT "
-         f"{chunk['long_ttft_ms'] / table.loc[NO_CHUNKING, 'long_ttft_ms'] - 1:+.0%}",
-         _verdict(stall_cut > 2, chunk["long_ttft_ms"] > table.loc[NO_CHUNKING, "long_ttft_ms"])),
+         f"decoders' max ITL {stall_cut:.1f}x lower with {chunk.name}, still {residual:.1f}x their mean gap; the "
+         f"long prompt's TTFT {chunk['long_ttft_ms'] / table.loc[NO_CHUNKING, 'long_ttft_ms'] - 1:+.0%}",
+         _verdict(stall_cut > 2, residual > 2 or chunk["long_ttft_ms"] > table.loc[NO_CHUNKING, "long_ttft_ms"])),
         ("Continuous batching improves utilization for variable-length workloads.",
-         f"the long prompt joined the running batch at once; under static batching it waited, TTFT {static_wait:.1f}x",
-         _verdict(static_wait > 1.2, False)),
+         f"the long prompt joined the running batch at once; under static batching it waited, TTFT {static_wait:.1f}x "
+         f"(while the decoders' max ITL was {table.loc[STATIC, 'max_itl_ms']:.0f} vs "
+         f"{table.loc[NO_CHUNKING, 'max_itl_ms']:.0f} ms unchunked); throughput: chapter 5",
+         _verdict(static_wait > 1.2, table.loc[STATIC, "max_itl_ms"] < table.loc[NO_CHUNKING, "max_itl_ms"])),
         ("Stream tokens: perceived latency improves even when total time is unchanged.",
          f"first text after {run.ttft_s * 1e3:.0f} ms streamed vs {run.buffered_total_s:.2f} s unstreamed "
          f"(totals {run.streamed_total_s:.2f} s vs {run.buffered_total_s:.2f} s)",
-         _verdict(run.ttft_s < run.buffered_total_s / 2, False)),
+         _verdict(run.ttft_s < run.buffered_total_s / 2, run.streamed_total_s > 1.2 * run.buffered_total_s)),
     ]
     return pd.DataFrame(rows, columns=["the course says", "measured here", "verdict"])

@@ -79,11 +79,12 @@ class ScheduleRun:
     steps: pd.DataFrame  # one row per engine step: start, duration_s, prefill and decode tokens
 
     def summary(self) -> dict[str, float]:
-        """The decoders' worst gap, the long prompt's TTFT, and whether every decoder was still running when the
-        long prompt's first token came (else the run could not show the stall in full)."""
+        """The decoders' worst and mean gaps, the long prompt's TTFT, and whether every decoder was still running
+        when the long prompt's first token came (else the run could not show the stall in full)."""
         decoders = self.requests[self.requests["role"] == "decoder"]
         long_row = self.requests[self.requests["role"] == "long_prompt"].iloc[0]
         return {"max_itl_ms": float(decoders["max_itl_s"].max() * 1e3),
+                "mean_itl_ms": float(decoders["mean_itl_s"].mean() * 1e3),
                 "long_ttft_ms": float(long_row["ttft_s"] * 1e3), "steps": len(self.steps),
                 "decoders_outlasted_prefill": bool(decoders["finish"].min() > long_row["first_token"])}
 
