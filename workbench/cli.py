@@ -20,6 +20,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def _parser() -> argparse.ArgumentParser:
+    from workbench.models.int8_linear import WEIGHT_FORMATS
+
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -36,12 +38,15 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    gen.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
+                     help="int8: linear layers in int8 with per-channel scales; int8_all: the LM head too")
 
     info = sub.add_parser("info", help="device, dtype, model shape and KV bytes per token")
     info.add_argument("--model", default="smollm2-135m",
                       help="a real model or any architecture in datasets/configs")
     info.add_argument("--device", default=None)
     info.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    info.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="weight format for the sizes shown")
 
     fetch = sub.add_parser("fetch", help="convert the real model into the cache directory")
     fetch.add_argument("model", nargs="?", default="smollm2-135m")
@@ -64,7 +69,7 @@ def _generate(args: argparse.Namespace) -> None:
                             top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
     if not args.prompt.strip():
         raise ValueError("prompt must be non-empty text")
-    model, tokenizer = load_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    model, tokenizer = load_model(args.model, dtype=DTYPES[args.dtype], device=args.device, weights=args.weights)
 
     def show(text: str) -> None:
         sys.stdout.write(text)
@@ -77,11 +82,12 @@ def _generate(args: argparse.Namespace) -> None:
     print(file=sys.stdout)
     print(f"[{n} tokens, finish: {result.finish_reason}] TTFT {result.ttft_s * 1e3:.0f} ms, "
           f"{overall:.1f} tokens/s overall, {result.decode_tokens_per_s:.1f} tokens/s decode "
-          f"({model.device}, {args.dtype}, {'no cache' if args.no_cache else 'KV cache'})", file=sys.stderr)
+          f"({model.device}, {args.dtype}, weights {args.weights}, {'no cache' if args.no_cache else 'KV cache'})",
+          file=sys.stderr)
 
 
 def _info(args: argparse.Namespace) -> None:
-    from workbench.cache.sizing import kv_bytes_per_token
+    from workbench.cache.sizing import kv_bytes_per_token, weight_bytes
     from workbench.models import checkpoint_dir, default_device, model_spec
     from workbench.models.convert import PROVENANCE_FILE
     from workbench.models.registry import REAL_MODELS
@@ -96,6 +102,7 @@ def _info(args: argparse.Namespace) -> None:
         ("dtype", args.dtype),
         ("model", spec.name),
         ("parameters", f"{spec.num_parameters() / 1e6:,.1f} M"),
+        ("weight bytes", f"{weight_bytes(spec, dtype, args.weights) / 2**20:,.1f} MiB (weights {args.weights})"),
         ("layers", spec.num_layers),
         ("hidden size", spec.hidden_size),
         ("attention", f"{spec.attention_kind}: {spec.num_heads} query heads, {spec.num_kv_heads} KV heads, "

@@ -53,8 +53,24 @@ def kv_bytes(spec: ModelSpec, context_len: int, batch: int = 1, kv_format: str |
     return batch * cached_tokens(spec, context_len) * kv_bytes_per_token(spec, kv_format, model_dtype)
 
 
-def weight_bytes(spec: ModelSpec, dtype: torch.dtype | str = torch.bfloat16) -> int:
-    return spec.num_parameters() * dtype_bytes(dtype)
+def weight_bytes(spec: ModelSpec, dtype: torch.dtype | str = torch.bfloat16, weight_format: str = "auto") -> int:
+    """Bytes of the weights in ``dtype``, or with linear layers in int8 (`workbench.models.int8_linear`):
+    ``int8`` stores the decoder's linear weights as one byte each plus a float32 scale per output channel,
+    ``int8_all`` the LM head too (a tied head adds its int8 copy: the embedding lookups keep the float table)."""
+    total = spec.num_parameters() * dtype_bytes(dtype)
+    if weight_format == "auto":
+        return total
+    if weight_format not in ("int8", "int8_all"):
+        raise ValueError(f"unknown weight_format {weight_format!r}: choose one of ['auto', 'int8', 'int8_all']")
+    h, inter = spec.hidden_size, spec.intermediate_size
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    weights = spec.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+    channels = spec.num_layers * ((q + 2 * kv) + h + 2 * inter + h)
+    total += weights * (1 - dtype_bytes(dtype)) + 4 * channels
+    if weight_format == "int8_all":
+        head = spec.vocab_size * h
+        total += head + 4 * spec.vocab_size - (0 if spec.tie_word_embeddings else head * dtype_bytes(dtype))
+    return total
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:

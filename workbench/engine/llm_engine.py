@@ -71,10 +71,11 @@ class LLMEngine:
 
     @classmethod
     def from_pretrained(cls, name: str = "smollm2-135m", *, device: torch.device | str | None = None,
-                        dtype: torch.dtype = torch.float32, **configs) -> LLMEngine:
+                        dtype: torch.dtype = torch.float32, weights: str = "auto", **configs) -> LLMEngine:
+        """The real model (``weights``: ``auto``, ``int8`` or ``int8_all``, see `workbench.models.load_model`)."""
         from workbench.models import load_model
 
-        model, tokenizer = load_model(name, dtype=dtype, device=device)
+        model, tokenizer = load_model(name, dtype=dtype, device=device, weights=weights)
         return cls(model, tokenizer, **configs)
 
     # ----------------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 
 from workbench.config import ModelSpec
 from workbench.models.convert import FETCH_COMMAND, PROVENANCE_FILE, ModelNotFoundError, convert_smollm2
+from workbench.models.int8_linear import check_weight_format, quantize_model_weights
 from workbench.models.llama import LlamaModel
 from workbench.models.weights import load_safetensors_dir
 from workbench.paths import CONFIGS_DIR, cache_dir
@@ -101,13 +102,17 @@ def load_tokenizer(name: str = "smollm2-135m"):
 
 
 def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
-               device: torch.device | str | None = None) -> tuple[LlamaModel, object]:
-    """The real model in the workbench's own forward pass, and its tokenizer."""
+               device: torch.device | str | None = None, weights: str = "auto") -> tuple[LlamaModel, object]:
+    """The real model in the workbench's own forward pass, and its tokenizer.
+
+    ``weights``: ``auto`` keeps every weight in ``dtype``; ``int8`` / ``int8_all`` store the linear layers in int8
+    (`workbench.models.int8_linear`)."""
+    check_weight_format(weights)
     path = _require_checkpoint(name)
     spec = model_spec(name)
     model = _empty_model(spec, dtype, device or default_device())
     load_safetensors_dir(model, path)
-    return model, load_tokenizer(name)
+    return quantize_model_weights(model, weights), load_tokenizer(name)
 
 
 def load_reference_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
@@ -120,12 +125,15 @@ def load_reference_model(name: str = "smollm2-135m", *, dtype: torch.dtype = tor
 
 
 def random_model(arch: str | ModelSpec, *, num_layers: int | None = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, seed: int = 0, std: float = 0.02) -> LlamaModel:
+                 device: torch.device | str | None = None, seed: int = 0, std: float = 0.02,
+                 weights: str = "auto") -> LlamaModel:
     """A model with random weights (normal, ``std``) for an architecture from datasets/configs.
 
     ``num_layers`` keeps only the first layers, so a 70B architecture's per-layer shapes can be timed on a
     machine that could never hold all of it. Refuses (ValueError) when the weights would not fit in memory.
+    ``weights`` as in `load_model` (the float weights are built first, then quantized).
     """
+    check_weight_format(weights)
     spec = arch if isinstance(arch, ModelSpec) else model_spec(arch)
     if num_layers is not None:
         spec = spec.replace(num_layers=num_layers)
@@ -143,7 +151,7 @@ def random_model(arch: str | ModelSpec, *, num_layers: int | None = None, dtype:
                 param.normal_(1.0, 0.1, generator=gen)
             else:
                 param.normal_(0.0, std, generator=gen)
-    return model.prepare()
+    return quantize_model_weights(model.prepare(), weights)
 
 
 def _memory_bytes(device: torch.device) -> int:

@@ -1,0 +1,195 @@
+"""Int8 weights for the engine's linear layers, and a product that is fast on each device.
+
+Why it exists: at batch 1 a decode step reads every weight once, so weights in a quarter of fp32's bytes are the
+largest speed-up available on a memory-bound CPU, and on a GPU they leave more memory for the KV cache.
+
+The format (`workbench_kernels.int8_matmul`): int8 values, one float32 scale per output channel, symmetric;
+``N * K + 4 * N`` bytes per layer. Weight formats (`WEIGHT_FORMATS`):
+
+    auto      every weight in the model's dtype
+    int8      every linear layer of the decoder (q/k/v, o, gate/up, down) in int8; the LM head stays in the
+              model's dtype, as serving engines' int8 recipes leave it: its rows are the logits
+    int8_all  the LM head too (measured on the held-out text, top-1 agreement with fp32 fell from 0.961 to 0.941)
+
+Embeddings and norm gains always stay in the model's dtype: a lookup reads one row per token.
+
+The products:
+
+* **CPU**: fbgemm's int8 GEMM (``torch.ops.quantized.linear_dynamic``, the kernel behind ``quantize_dynamic``).
+  It multiplies integers, so it would round the *activations* to 7 bits (one scale per tensor, on x86); measured,
+  that alone dropped top-1 agreement to 0.78 (per-token scales) or 0.59 (per tensor). Instead each activation
+  row enters as two exact integer rows, a coarse one and its remainder (`split_rows`): the weights are still
+  read once per call, the integer products are exact, and the result is the weight-only product to about 14
+  bits of each row's maximum. Rows never share a scale, so a row's result does not depend on its batch.
+* **CUDA**: a Triton kernel that converts int8 tiles in registers (`workbench_kernels.int8_matmul`).
+* anywhere else, or when fbgemm is missing or fails its probe: the reference (dequantize, then ``F.linear``).
+
+Why fbgemm (microseconds at SmolLM2 shapes, 2-core AVX2 CPU, one thread; `bench_weight_quant.py --micro`):
+``torch._weight_int8pack_mm``, which torchao 0.18's int8 weight-only CPU path calls, has no fast kernel without
+AVX-512 and ran 5-25x slower than the packed fp32 product; torchao's own path ran 0.5-0.9x of it (and 0.1x on
+the LM head); fbgemm ran 1.8-3x faster at 1-32 rows. The quantized-tensor API fbgemm's packing needs is
+deprecated in torch 2.13; when it goes, `Int8Linear.pack` falls back to the reference and ``path`` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+from torch import nn
+
+from workbench_kernels.int8_matmul import SCALE_FLOOR, int8_matmul, int8_matmul_reference, quantize_per_channel
+
+WEIGHT_FORMATS = ("auto", "int8", "int8_all")
+COARSE_LEVELS = 63  # |coarse| <= 63: with the pin row, fbgemm's grid is exactly the integers -64..63
+FINE_LEVELS = 126  # the remainder, within half a coarse step, scaled to integers in [-63, 63]
+
+
+def check_weight_format(weights: str) -> str:
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weights format {weights!r}: choose one of {list(WEIGHT_FORMATS)}")
+    return weights
+
+
+def split_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row of x [M, K] as ``amax / 63 * (coarse + fine / 126)`` with integer-valued coarse and fine rows in
+    [-63, 63]. Returns ``(coarse, fine, amax)``; the two-part form is within ``amax / 15876`` of x."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(SCALE_FLOOR)
+    scaled = x.div(amax).mul_(COARSE_LEVELS)
+    coarse = scaled.round()
+    fine = scaled.sub_(coarse).mul_(FINE_LEVELS).round_()
+    return coarse, fine, amax
+
+
+def pin_row(in_features: int) -> torch.Tensor:
+    """fbgemm picks its activation grid from the tensor's min and max over 7 bits (``reduce_range``): a row holding
+    -64 and 63 makes the step exactly 1 and the zero point exactly 64, so integer inputs are quantized exactly."""
+    row = torch.zeros(1, in_features)
+    row[0, 0], row[0, 1] = float(COARSE_LEVELS), -float(COARSE_LEVELS + 1)
+    return row
+
+
+def fbgemm_int8_linear(x: torch.Tensor, packed, pin: torch.Tensor) -> torch.Tensor:
+    """``x @ (q * s).T`` through fbgemm for float32 x [M, K]: 2M + 1 integer rows in one call, recombined."""
+    m = x.shape[0]
+    coarse, fine, amax = split_rows(x)
+    out = torch.ops.quantized.linear_dynamic(torch.cat((coarse, fine, pin)), packed, True)
+    return out[:m].add_(out[m: 2 * m], alpha=1.0 / FINE_LEVELS).mul_(amax.div_(COARSE_LEVELS))
+
+
+def fbgemm_error_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Largest difference [M, N] from the reference that the split allows: each input is off by at most half a
+    fine step, ``amax(|x_row|) / (2 * 63 * 126)``, times the output channel's sum of |weights|. Float32 rounding
+    of the sums comes on top."""
+    step = x.abs().amax(dim=-1, keepdim=True) / (2 * COARSE_LEVELS * FINE_LEVELS)
+    return step * (q.float().abs() * scale[:, None]).sum(dim=1)[None, :]
+
+
+def _prepack(q: torch.Tensor, scale: torch.Tensor):
+    # torch 2.13 warns once that quantized tensors are deprecated (see the module docstring); a notebook must not
+    # print that to stderr, so exactly that warning is silenced here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        zero_points = torch.zeros(q.shape[0], dtype=torch.long)
+        qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zero_points, 0)
+        return torch.ops.quantized.linear_prepack(qweight, None)
+
+
+@functools.cache
+def fbgemm_available() -> bool:
+    """Whether fbgemm is here and agrees with the reference (within `fbgemm_error_bound`) on a random probe."""
+    if "fbgemm" not in getattr(torch.backends.quantized, "supported_engines", []):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    q, scale = quantize_per_channel(torch.randn(24, 40, generator=gen))
+    probe = torch.randn(5, 40, generator=gen) * torch.logspace(-2, 2, 5)[:, None]  # rows of very different size
+    try:
+        got = fbgemm_int8_linear(probe, _prepack(q, scale), pin_row(40))
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+    want = int8_matmul_reference(probe, q, scale)
+    rounding = 1e-5 * (probe.abs() @ (q.float().abs() * scale[:, None]).T)
+    return bool(((got - want).abs() <= fbgemm_error_bound(probe, q, scale) + rounding).all())
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights and per-output-channel scales. ``qweight`` and ``scale`` are the weights;
+    the fbgemm packing is derived from them by `pack`. ``path`` names the product a call on the weights' device
+    uses: ``fbgemm``, ``triton`` or ``reference``."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("qweight", q)
+        self.register_buffer("scale", scale.float())
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        self._packed = self._pin = None
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear) -> Int8Linear:
+        q, scale = quantize_per_channel(linear.weight)
+        device = linear.weight.device
+        return cls(q.to(device), scale.to(device), linear.bias)
+
+    @property
+    def path(self) -> str:
+        if self.qweight.device.type == "cuda":
+            return "triton"
+        return "fbgemm" if self._packed is not None else "reference"
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, path={self.path}"
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scale[:, None]).to(dtype)
+
+    def pack(self) -> None:
+        """Pack for fbgemm on the CPU when fbgemm passes its probe (`fbgemm_available`), else use the reference."""
+        self._packed = self._pin = None
+        if self.qweight.device.type == "cpu" and self.in_features >= 2 and fbgemm_available():
+            self._packed, self._pin = _prepack(self.qweight, self.scale), pin_row(self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None or x.device.type != "cpu":
+            return int8_matmul(x, self.qweight, self.scale, self.bias)  # Triton on CUDA, else the reference
+        out = fbgemm_int8_linear(x.reshape(-1, self.in_features).float(), self._packed, self._pin).to(x.dtype)
+        if self.bias is not None:
+            out = out.add_(self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def quantize_model_weights(model: nn.Module, weights: str = "int8") -> nn.Module:
+    """Replace the linear layers that ``weights`` names (`WEIGHT_FORMATS`) by `Int8Linear`s, in place; returns it.
+
+    A tied LM head quantized here (``int8_all``) gets its own int8 copy of the table and keeps referring to the
+    float one as ``lm_head.weight`` (code such as the draft head reads it); its products use the int8 copy.
+    """
+    if check_weight_format(weights) == "auto":
+        return model
+    head = getattr(model, "lm_head", None)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            # nn.Linear covers the engine's packed fp32 `cpu_linear.Linear`.
+            if isinstance(child, nn.Linear) and (weights == "int8_all" or child is not head):
+                quantized = Int8Linear.from_float(child)
+                quantized.pack()
+                setattr(parent, name, quantized)
+    if weights == "int8_all" and head is not None and getattr(model.spec, "tie_word_embeddings", False):
+        model.lm_head.weight = model.embed_tokens.weight
+    model.weight_format = weights
+    return model
+
+
+def weight_format_of(model: nn.Module) -> str:
+    """The `WEIGHT_FORMATS` name ``model``'s weights are in."""
+    return getattr(model, "weight_format", "auto")
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of every distinct parameter and buffer: what the weights occupy, in whatever format they are in."""
+    seen: dict[int, int] = {}
+    for t in (*model.parameters(), *model.buffers()):
+        seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
