@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from workbench_kernels.kv_quant import KV_FORMATS
+
 # Model families whose checkpoints this forward pass reads. They differ only in which projections carry a
 # bias and whether attention uses a sliding window; everything else is the Llama block.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -218,6 +220,11 @@ class SamplingParams:
         return self.temperature == 0
 
 
+# What a KV cache may store: the kernels' formats (`workbench_kernels.kv_quant`: auto and the quantized ones), or
+# a float dtype named outright, which must then be the model's own (the same as auto).
+FLOAT_KV_DTYPES = ("float32", "float16", "bfloat16")
+KV_CACHE_DTYPES = (*KV_FORMATS, *FLOAT_KV_DTYPES)
+
 # On the CPU the "device" is the machine's RAM, shared with everything else; a default budget of 1 GiB holds
 # ~23k tokens of SmolLM2-135M's fp32 KV (46 KB/token), far more than any notebook workload needs.
 DEFAULT_CPU_KV_BUDGET_BYTES = 1 << 30
@@ -248,11 +255,8 @@ class CacheConfig:
                  f"memory_budget_bytes must be > 0 or None, got {self.memory_budget_bytes!r}")
         _require(0 < self.memory_utilization <= 1,
                  f"memory_utilization must be in (0, 1], got {self.memory_utilization!r}")
-        from workbench.cache.kv_formats import KV_FORMAT_NAMES  # late: kv_formats imports this module
-
-        allowed = (*KV_FORMAT_NAMES, "float32", "float16", "bfloat16")
-        _require(self.kv_cache_dtype in allowed,
-                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: choose one of {list(allowed)}")
+        _require(self.kv_cache_dtype in KV_CACHE_DTYPES,
+                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}: choose one of {list(KV_CACHE_DTYPES)}")
 
 
 BATCHING_MODES = ("continuous", "static", "dynamic")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from workbench.config import SamplingParams
@@ -34,10 +34,6 @@ class WorkloadRequest:
                   "seed": 0 if self.temperature > 0 else None}
         values.update(overrides)
         return SamplingParams(**values)
-
-
-def save_jsonl(workload: list[WorkloadRequest], path: str | Path) -> None:
-    Path(path).write_text("".join(json.dumps(asdict(r)) + "\n" for r in workload))
 
 
 def load_workload(name_or_path: str | Path) -> list[WorkloadRequest]:

@@ -1,7 +1,7 @@
 """The KV cache and everything that decides its size.
 
-- ``sizing.py``, ``kv_formats.py``: bytes per token for a config and a KV format (MHA/GQA/MQA/sliding window,
-  scales included), block budgets and concurrency; pure arithmetic, nothing allocated.
+- ``sizing.py``: bytes per token for a config and a KV format (MHA/GQA/MQA/sliding window, scales included,
+  from the kernels' layout table), block budgets, concurrency, and the engine's pool size at start-up.
 - ``contiguous.py``: one pre-allocated max-length buffer per sequence (the chapter-2 baseline).
 - ``paged.py``: the block pool tensors the kernels read and write, in any KV format.
 - ``paged_batch.py``, ``paged_attention.py``: one flat batch over the paged cache (decodes first, slots, block

@@ -11,9 +11,12 @@ an earlier one whose prompt began the same way (:mod:`workbench.cache.prefix_cac
 written: the sequence about to write into one gets a private copy first (copy-on-write), and the model runner
 performs the copies ``reserve()`` returns.
 
-Per sequence, the manager tracks the known tokens (needed to hash full blocks), how many positions have slots
-(``reserved``) and how many of those hold computed KV (``computed``). New KV is always written at positions
-``computed`` onwards. This is the engine's CPU side: it only moves integers and never touches a tensor.
+Per sequence, the manager owns how many positions have slots (``reserved``) and how many of those hold computed
+KV (``computed``); new KV is always written at positions ``computed`` onwards. The tokens are the caller's:
+``add_sequence`` keeps the very list it is handed (no copy) and reads the tokens of each block it hashes from
+it. The engine's sequences append to that list themselves, so nothing is mirrored; a caller driving the
+manager by hand (tests, notebooks) may let ``append_tokens``/``truncate`` edit it instead. This is the
+engine's CPU side: it only moves integers and never touches a tensor.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ class _SeqState:
 
     def __init__(self, tokens: list[int], table: list[int], num_computed: int, num_reserved: int,
                  num_registered: int):
-        self.tokens = tokens
+        self.tokens = tokens  # the caller's list, not a copy
         self.table = table
         self.num_computed = num_computed    # positions [0, num_computed) hold this sequence's KV
         self.num_reserved = num_reserved    # positions [0, num_reserved) have slots; len(table) covers them
@@ -67,15 +70,16 @@ class BlockManager:
         self._seqs: dict[int, _SeqState] = {}
 
     # ---------------------------------------------------------------------------------- sequence lifecycle
-    def add_sequence(self, seq_id: int, token_ids: Sequence[int]) -> int:
-        """Register a sequence with its known tokens and return how many leading tokens are already cached
+    def add_sequence(self, seq_id: int, token_ids: list[int]) -> int:
+        """Register a sequence with its token list and return how many leading tokens are already cached
         (a multiple of block_size, always < len(token_ids): the block holding the last token is computed so
-        that the forward yields logits). Takes the hit blocks from the cache and allocates nothing else."""
+        that the forward yields logits). Takes the hit blocks from the cache and allocates nothing else.
+        The list stays the caller's: the manager keeps it (no copy) and sees what the caller appends to it."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id!r} is already added; free it before adding it again")
-        if len(token_ids) == 0:
-            raise ValueError(f"token_ids for seq_id {seq_id!r} is empty; a sequence needs at least one token")
-        tokens = list(token_ids)
+        if not isinstance(token_ids, list) or len(token_ids) == 0:
+            raise ValueError(f"token_ids for seq_id {seq_id!r} must be a non-empty list, got {token_ids!r}")
+        tokens = token_ids
         hits: list[int] = []
         if self.enable_prefix_caching:
             hits = self.prefix_cache.lookup(tokens, (len(tokens) - 1) // self.block_size)
@@ -89,7 +93,8 @@ class BlockManager:
         return num_hit
 
     def append_tokens(self, seq_id: int, token_ids: Sequence[int]) -> None:
-        """Extend the sequence's known tokens (newly generated, or speculative ones to be verified)."""
+        """Extend the sequence's token list (for callers that drive the manager by hand; the engine's sequences
+        append to their own list, which is this one)."""
         self._get(seq_id).tokens.extend(token_ids)
 
     def blocks_to_reserve(self, seq_id: int, num_tokens: int) -> int:
@@ -145,20 +150,27 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._register_full_blocks(seq)
 
-    def fork(self, parent_id: int, child_id: int) -> None:
-        """The child shares every block of the parent (reference count + 1) and starts with its tokens."""
+    def fork(self, parent_id: int, child_id: int, token_ids: list[int] | None = None) -> None:
+        """The child shares every block of the parent (reference count + 1). Its token list is ``token_ids``
+        (kept like add_sequence's), which must equal the parent's wherever the parent has computed KV; by
+        default a copy of the parent's list."""
         parent = self._get(parent_id)
         if child_id in self._seqs:
             raise ValueError(f"child seq_id {child_id!r} is already added; choose an unused id")
+        computed = parent.num_computed
+        token_ids = list(parent.tokens) if token_ids is None else token_ids
+        if not isinstance(token_ids, list) or token_ids[:computed] != parent.tokens[:computed]:
+            raise ValueError(f"child seq_id {child_id!r} must be handed a token list that starts with the "
+                             f"{computed} computed tokens of its parent {parent_id!r}")
         for block in parent.table:
             self._pool.acquire(block)
-        self._seqs[child_id] = _SeqState(list(parent.tokens), list(parent.table), parent.num_computed,
-                                         parent.num_reserved, parent.num_registered)
+        self._seqs[child_id] = _SeqState(token_ids, list(parent.table), computed, parent.num_reserved,
+                                         parent.num_registered)
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
-        """Forget tokens and slots beyond num_tokens (speculative-decoding rollback) and free the blocks no
-        longer needed. Cached blocks stay cached; a kept block that is shared or cached is copied on the next
-        reserve() that writes into it."""
+        """Forget tokens, computed KV and slots beyond num_tokens (speculative-decoding rollback) and free the
+        blocks no longer needed. Cached blocks stay cached; a kept block that is shared or cached is copied on
+        the next reserve() that writes into it."""
         seq = self._get(seq_id)
         _check_count("num_tokens", num_tokens, max(len(seq.tokens), seq.num_reserved))
         del seq.tokens[num_tokens:]

@@ -1,4 +1,4 @@
-"""How much memory the KV cache takes, and how many sequences fit, computed from the architecture alone.
+"""How much memory the KV cache takes, how many blocks a pool gets, and how many sequences fit.
 
 Every decoder layer keeps one key and one value vector per KV head for every token, so
 
@@ -6,23 +6,41 @@ Every decoder layer keeps one key and one value vector per KV head for every tok
 
 The count uses ``num_key_value_heads``, not ``num_attention_heads``: with grouped-query attention several
 query heads read the same cached KV head, which is the whole point of GQA (sizing by query heads is the most
-common mistake in KV calculators, and a test checks it here).
+common mistake in KV calculators, and a test checks it here). The bytes of one cache slot in each KV format
+come from the kernels' own layout table (`workbench_kernels.kv_quant.cache_shapes`), scales included:
 
-The block budget follows what serving engines do at start-up: of the device's memory, a utilization share
-is usable; the weights and the activation peak of the largest batch are taken off; what is left becomes KV
-blocks. Nothing here builds weights, so it works for a 70B config on a laptop.
+    auto       the model's own dtype (fp32 on the CPU here, bf16 on a GPU); no scales
+    fp8_e4m3   8-bit floats; one static scale per (layer, KV head), too small to count per token
+    int8       8-bit integers, symmetric, one float16 scale per token per KV head
+    int4       4-bit integers packed two per byte, groups of 32 values with a float16 scale and zero point
+
+The engine's pool, decided once at start-up (``num_blocks_for``): an explicit ``num_blocks``; else a
+``memory_budget_bytes`` of KV; else, on a GPU, what serving engines do (device memory x utilization - weights -
+the measured activation peak of the largest step); on the CPU, whose "device memory" is the RAM everything
+else shares, a fixed default budget. The same arithmetic sizes a 70B config on a laptop (``block_budget``).
+The activation peak is measured the way serving engines do it: run the largest step once and read the memory
+high-water mark (CUDA's allocator statistics; on Linux CPUs the process's peak resident set, VmHWM, which
+``/proc/self/clear_refs`` resets; elsewhere it is not measurable and the probe returns None).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
 
-from workbench.cache.kv_formats import KVFormat, format_bytes_per_token, resolve_kv_format
-from workbench.config import ModelSpec
+from workbench.config import DEFAULT_CPU_KV_BUDGET_BYTES, FLOAT_KV_DTYPES, KV_CACHE_DTYPES, CacheConfig, ModelSpec
+from workbench.models.attention import NoCacheAttention
+from workbench.models.llama import LlamaModel
+from workbench_kernels.kv_quant import KV_FORMATS, slot_bytes
+
+
+def ceil_div(num: int, den: int) -> int:
+    """The one rounding-up division of this module: whole blocks for tokens, groups for values."""
+    return -(-num // den)
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:
@@ -31,13 +49,28 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
     return torch.empty(0, dtype=dtype).element_size()
 
 
+def storage_format(kv_format: str | torch.dtype, model_dtype: torch.dtype = torch.float32) -> tuple[str, torch.dtype]:
+    """(the kernels' format name, the activations' dtype) for a format name or a torch dtype: ``auto`` and
+    float names store floats (``auto`` in the model's dtype), the quantized names store themselves."""
+    if isinstance(kv_format, torch.dtype):
+        if str(kv_format).removeprefix("torch.") not in FLOAT_KV_DTYPES:
+            raise ValueError(f"KV dtype {kv_format} is not supported; use one of {list(FLOAT_KV_DTYPES)}")
+        return "auto", kv_format
+    if kv_format in FLOAT_KV_DTYPES:
+        return "auto", getattr(torch, kv_format)
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"unknown kv_cache_dtype {kv_format!r}: choose one of {list(KV_CACHE_DTYPES)}")
+    return kv_format, model_dtype
+
+
 def kv_bytes_per_token(spec: ModelSpec, kv_format: str | torch.dtype = torch.bfloat16,
                        model_dtype: torch.dtype = torch.float32) -> int:
     """Bytes of K and V one token occupies across all layers (scales of quantized formats included).
 
     ``kv_format`` is a torch dtype or a format name (``auto`` = ``model_dtype``, ``fp8_e4m3``, ``int8``,
-    ``int4``)."""
-    return format_bytes_per_token(spec, resolve_kv_format(kv_format, model_dtype))
+    ``int4``, or a float name)."""
+    name, dtype = storage_format(kv_format, model_dtype)
+    return 2 * spec.num_layers * slot_bytes(name, spec.num_kv_heads, spec.head_dim, dtype)
 
 
 def cached_tokens(spec: ModelSpec, context_len: int) -> int:
@@ -74,9 +107,17 @@ def weight_bytes(spec: ModelSpec, dtype: torch.dtype | str = torch.bfloat16, wei
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
+    return ceil_div(num_tokens, block_size)
 
 
+def max_concurrency(num_blocks: int, block_size: int, context_len: int) -> int:
+    """How many sequences of ``context_len`` tokens a pool of ``num_blocks`` blocks holds at once."""
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    return num_blocks // blocks_for_tokens(context_len, block_size)
+
+
+# ------------------------------------------------------------------------------------------------ budgets
 @dataclass(frozen=True, slots=True)
 class BlockBudget:
     """How a device's memory divides into weights, activations and KV blocks."""
@@ -99,9 +140,6 @@ class BlockBudget:
     def max_concurrency(self, context_len: int) -> int:
         """Sequences of ``context_len`` tokens that fit at once (each rounds up to whole blocks)."""
         return max_concurrency(self.num_blocks, self.block_size, context_len)
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "num_tokens": self.num_tokens}
 
 
 def block_budget(spec: ModelSpec, device_bytes: int, *, utilization: float = 0.9,
@@ -130,13 +168,87 @@ def block_budget(spec: ModelSpec, device_bytes: int, *, utilization: float = 0.9
                        per_block, budget // per_block)
 
 
-def max_concurrency(num_blocks: int, block_size: int, context_len: int) -> int:
-    """How many sequences of ``context_len`` tokens a pool of ``num_blocks`` blocks holds at once."""
-    if context_len < 1:
-        raise ValueError(f"context_len must be >= 1, got {context_len}")
-    return num_blocks // blocks_for_tokens(context_len, block_size)
+# --------------------------------------------------------------------------------------- the engine's pool
+def kv_format_for(config: CacheConfig, model_dtype: torch.dtype) -> str:
+    """The kernels' format name for a cache config (a float name must be the model's own dtype)."""
+    name, dtype = storage_format(config.kv_cache_dtype, model_dtype)
+    if dtype != model_dtype:
+        raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype!r} differs from the model's dtype {model_dtype}: use "
+                         f"'auto' (the model's dtype) or a quantized format {list(KV_FORMATS[1:])}")
+    return name
 
 
+def bytes_per_block(model: LlamaModel, config: CacheConfig) -> int:
+    """Bytes one block of the engine's pool takes across all layers, K and V, scales included."""
+    kv_format_for(config, model.dtype)
+    return kv_bytes_per_token(model.spec, config.kv_cache_dtype, model.dtype) * config.block_size
+
+
+def num_blocks_for(model: LlamaModel, config: CacheConfig, max_num_batched_tokens: int) -> int:
+    """The engine's pool size (module docstring: explicit, a KV budget, or what a GPU's memory leaves)."""
+    if config.num_blocks is not None:
+        return config.num_blocks
+    per_block = bytes_per_block(model, config)
+    if config.memory_budget_bytes is not None or model.device.type != "cuda":
+        budget = config.memory_budget_bytes or DEFAULT_CPU_KV_BUDGET_BYTES
+        if budget < per_block:
+            raise ValueError(f"memory_budget_bytes {budget} is smaller than one block ({per_block} bytes)")
+        return budget // per_block
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    activations = measure_activation_peak(model, max_num_batched_tokens) or 0
+    total = torch.cuda.get_device_properties(model.device).total_memory
+    return block_budget(model.spec, total, utilization=config.memory_utilization, weights_bytes=weights,
+                        activation_bytes=activations, block_size=config.block_size,
+                        kv_format=config.kv_cache_dtype, model_dtype=model.dtype).num_blocks
+
+
+def _rss_field(name: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_cpu_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # "5" resets the peak RSS to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+@torch.inference_mode()
+def measure_activation_peak(model: LlamaModel, num_tokens: int) -> int | None:
+    """Peak bytes a forward over ``num_tokens`` prompt tokens needs beyond what is already allocated."""
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    ids = torch.randint(0, model.spec.vocab_size, (num_tokens,), device=model.device)
+    positions = torch.arange(num_tokens, device=model.device)
+
+    def forward() -> None:
+        hidden = model(ids, positions, NoCacheAttention([num_tokens], model.attention_scale))
+        model.compute_logits(hidden[-1:])
+
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+        before = torch.cuda.memory_allocated(model.device)
+        torch.cuda.reset_peak_memory_stats(model.device)
+        forward()
+        torch.cuda.synchronize(model.device)
+        return torch.cuda.max_memory_allocated(model.device) - before
+    if model.device.type == "cpu" and _reset_cpu_peak():
+        before = _rss_field("VmRSS")
+        forward()
+        peak = _rss_field("VmHWM")
+        if before is not None and peak is not None:
+            return max(peak - before, 0)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- comparisons
 def attention_variants(spec: ModelSpec, context_len: int, *, kv_format: str | torch.dtype = torch.bfloat16,
                        window: int = 4096, group_kv_heads: int | None = None) -> pd.DataFrame:
     """The same model's KV memory under MHA, GQA, MQA and sliding-window attention, side by side.
@@ -170,8 +282,7 @@ def sizing_table(specs: list[ModelSpec], context_len: int, *, kv_format: str | t
     """One row per model: KV per token, per sequence at ``context_len``, and next to the weights."""
     rows = []
     for spec in specs:
-        fmt: KVFormat = resolve_kv_format(kv_format, weights_dtype)
-        per_token = format_bytes_per_token(spec, fmt)
+        per_token = kv_bytes_per_token(spec, kv_format, weights_dtype)
         per_seq = cached_tokens(spec, context_len) * per_token
         weights = weight_bytes(spec, weights_dtype)
         rows.append({"model": spec.name, "attention": spec.attention_kind, "layers": spec.num_layers,

@@ -22,24 +22,34 @@ from workbench.models.llama import LlamaModel
 
 
 @dataclass(slots=True)
+class ItemRows:
+    """Where one scheduled sequence sits in a forward's outputs."""
+
+    item: ScheduledSeq
+    first_row: int  # its first row in ``hidden`` / ``features``
+    num_fed: int  # rows it fed: a prompt chunk, the newest token, or the newest token and its drafts
+    first_logit_row: int  # its first row in ``logits`` (meaningless when num_logit_rows is 0)
+    # 0 for a prompt chunk with more to come, 1 for a sequence due its next token, 1 + len(drafts) when verifying
+    num_logit_rows: int
+
+
+@dataclass(slots=True)
 class ForwardResult:
     hidden: torch.Tensor  # [num_tokens, hidden]: final hidden states of every fed token
     # What a feature-reading draft gets for every fed token: the tapped layers (`LlamaModel.forward_with_taps`)
     # when the runner has ``taps``, else ``hidden`` itself.
     features: torch.Tensor
     logits: torch.Tensor  # [num_logit_rows, vocab] float32
-    # (item, first row in hidden, first row in logits, number of logit rows) for items that get logits:
-    # 1 row for a sequence due a next token, 1 + len(drafts) rows for one verifying drafts.
-    outputs: list[tuple[ScheduledSeq, int, int, int]]
-    # (item, first row in hidden) for every item, in batch order.
-    rows: list[tuple[ScheduledSeq, int]]
+    items: list[ItemRows]  # one per scheduled sequence, in the order they were passed to ``execute``
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, blocks: BlockManager):
+    """``taps``: target layers whose residual a draft head reads (`workbench.spec.proposer.Proposer.taps`)."""
+
+    def __init__(self, model: LlamaModel, cache: PagedKVCache, blocks: BlockManager, taps: tuple[int, ...] = ()):
         self.model, self.cache, self.blocks = model, cache, blocks
         self.device = model.device
-        self.taps: tuple[int, ...] = ()  # layers whose residual a draft head reads (set by the engine)
+        self.taps = tuple(taps)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> ForwardResult:
@@ -51,17 +61,19 @@ class ModelRunner:
             tokens = seq.token_ids[start: start + item.num_new_tokens - len(item.drafts)] + item.drafts
             entries.append(BatchEntry(seq.seq_id, start, tokens))
         batch = build_paged_batch(self.blocks, entries, self.device)
-        logit_rows, outputs, rows = [], [], []
+        logit_rows: list[int] = []
+        items = []
         for item, entry, row in zip(scheduled, entries, batch.first_rows, strict=True):
-            rows.append((item, row))
             count = len(entry.tokens)
             if item.drafts:  # verification: the distribution after the newest token and after every draft
-                outputs.append((item, row, len(logit_rows), count))
-                logit_rows += range(row, row + count)
-            elif entry.start + count == item.seq.num_tokens:
-                outputs.append((item, row + count - 1, len(logit_rows), 1))
-                logit_rows.append(row + count - 1)
+                wanted = range(row, row + count)
+            elif entry.start + count == item.seq.num_tokens:  # every known token computed: the next is due
+                wanted = range(row + count - 1, row + count)
+            else:
+                wanted = range(0)
+            items.append(ItemRows(item, row, count, len(logit_rows), len(wanted)))
+            logit_rows += wanted
         attention = PagedAttention(self.cache, batch.metadata, self.model.attention_scale)
         hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention, self.taps)
         logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
-        return ForwardResult(hidden, hidden if tapped is None else tapped, logits, outputs, rows)
+        return ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)

@@ -3,24 +3,40 @@
 Everything a caller can get wrong is checked here, before the engine's state changes, so a bad request raises
 a ``ValueError`` that names the value and the allowed range while the requests already queued keep running.
 A request whose prompt and ``max_tokens`` could never fit in the whole KV pool is refused here too, instead of
-waiting forever.
+waiting forever. What a request is checked against is fixed when the engine is built (``RequestLimits``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import torch
 
 from workbench.cache.block_manager import BlockManager
-from workbench.config import SamplingParams
+from workbench.config import CacheConfig, ModelSpec, SamplingParams, SchedulerConfig
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.engine.outputs import CompletionOutput, RequestOutput
-from workbench.engine.sequence import Sequence, SequenceStatus
+from workbench.engine.sequence import Sequence
 from workbench.prompts import check_prompt_fits, encode_prompt
 from workbench.sampling import make_generator
 
-if TYPE_CHECKING:
-    from workbench.engine.llm_engine import LLMEngine
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What every request must fit: the model's vocabulary and context, the KV pool, and one step's budget."""
+
+    vocab_size: int
+    max_context: int
+    block_size: int
+    num_blocks: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+
+    @classmethod
+    def of(cls, spec: ModelSpec, cache: CacheConfig, scheduler: SchedulerConfig, num_blocks: int) -> RequestLimits:
+        return cls(spec.vocab_size, spec.max_context, cache.block_size, num_blocks, scheduler.max_num_batched_tokens,
+                   scheduler.enable_chunked_prefill)
 
 
 @dataclass(slots=True, eq=False)
@@ -28,68 +44,51 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
-    seqs: list[Sequence]
-    pending_forks: list[Sequence] = field(default_factory=list)  # siblings waiting for the prompt's KV
+    seqs: list[Sequence]  # seqs[0] is scheduled first; the others fork from it once its prompt is cached
 
     @property
     def finished(self) -> bool:
         return all(s.is_finished for s in self.seqs)
 
-    def fork_children(self, blocks: BlockManager) -> list[Sequence]:
-        """Siblings (n > 1) share the parent's prompt blocks from here on; copy-on-write separates them."""
-        parent = self.seqs[0]
-        children, self.pending_forks = self.pending_forks, []
-        for child in children:
-            blocks.fork(parent.seq_id, child.seq_id)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
-            child.first_scheduled_time = parent.first_scheduled_time
-            child.status = SequenceStatus.RUNNING
-        return children
 
-
-def _validate_ids(ids: list[int], vocab_size: int) -> None:
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-
-
-def new_request(engine: LLMEngine, request_id: str, prompt: str | list[int], params: SamplingParams,
-                arrival_time: float, chat: bool) -> Request:
+def checked_prompt(prompt: str | list[int], params: SamplingParams, tokenizer, chat: bool,
+                   limits: RequestLimits) -> tuple[list[int], int]:
+    """The prompt's token ids and the most tokens its sequences may reach, or ValueError saying what is wrong."""
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-    if isinstance(prompt, str) and engine.tokenizer is None:
+    if isinstance(prompt, str) and tokenizer is None:
         raise ValueError("this engine has no tokenizer: pass the prompt as a list of token ids")
-    prompt_ids = encode_prompt(engine.tokenizer, prompt, chat=chat)
-    spec = engine.model.spec
-    _validate_ids(prompt_ids, spec.vocab_size)
-    check_prompt_fits(len(prompt_ids), spec.max_context)
-    max_total = min(len(prompt_ids) + params.max_tokens, spec.max_context)
-    block_size = engine.cache_config.block_size
-    need = -(-max_total // block_size)
-    if need > engine.blocks.num_blocks:
+    prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
+    bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})")
+    check_prompt_fits(len(prompt_ids), limits.max_context)
+    max_total = min(len(prompt_ids) + params.max_tokens, limits.max_context)
+    need = -(-max_total // limits.block_size)
+    if need > limits.num_blocks:
         raise ValueError(f"request needs up to {need} KV blocks ({max_total} tokens of prompt and max_tokens) but "
-                         f"the whole cache has {engine.blocks.num_blocks}: lower max_tokens, shorten the prompt or "
+                         f"the whole cache has {limits.num_blocks}: lower max_tokens, shorten the prompt or "
                          "give the cache more blocks")
-    budget = engine.scheduler_config.max_num_batched_tokens
-    if not engine.scheduler_config.enable_chunked_prefill and max_total > budget:
+    budget = limits.max_num_batched_tokens
+    if not limits.enable_chunked_prefill and max_total > budget:
         raise ValueError(f"without chunked prefill a sequence of up to {max_total} tokens must fit in one step, "
                          f"but max_num_batched_tokens is {budget}: enable chunked prefill or raise the budget")
+    return prompt_ids, max_total
+
+
+def new_request(request_id: str, prompt: str | list[int], params: SamplingParams, *, tokenizer,
+                limits: RequestLimits, blocks: BlockManager, seq_ids: Iterator[int], arrival_time: float,
+                chat: bool, spec_k: int, priority: int, device: torch.device) -> Request:
+    """A validated request with its ``params.n`` sequences (seeded ones get seed, seed + 1, ...)."""
+    prompt_ids, max_total = checked_prompt(prompt, params, tokenizer, chat, limits)
     seqs = []
     for index in range(params.n):
-        seq_params = params if params.seed is None else _with_seed(params, params.seed + index)
+        seq_params = params if params.seed is None else replace(params, seed=params.seed + index)
         seqs.append(Sequence(
-            seq_id=next(engine._seq_ids), request_id=request_id, prompt_ids=list(prompt_ids), params=seq_params,
-            max_total_tokens=max_total, arrival_time=arrival_time,
-            generator=make_generator(seq_params, engine.model.device),
-            detokenizer=IncrementalDetokenizer(engine.tokenizer, params.stop) if engine.tokenizer else None))
-    return Request(request_id, prompt_ids, params, seqs, pending_forks=seqs[1:])
-
-
-def _with_seed(params: SamplingParams, seed: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, seed=seed)
+            next(seq_ids), request_id, list(prompt_ids), seq_params, max_total, arrival_time, blocks=blocks,
+            generator=make_generator(seq_params, device), spec_k=spec_k, priority=priority,
+            detokenizer=IncrementalDetokenizer(tokenizer, params.stop) if tokenizer else None))
+    return Request(request_id, prompt_ids, params, seqs)
 
 
 def build_output(request: Request, since_last_look: bool = False) -> RequestOutput:
@@ -97,11 +96,11 @@ def build_output(request: Request, since_last_look: bool = False) -> RequestOutp
     outputs = []
     for index, seq in enumerate(request.seqs):
         start, text_start = (seq.num_returned_tokens, seq.returned_text_len) if since_last_look else (0, 0)
-        text = seq.text
+        text, output_ids = seq.text, seq.output_ids
         outputs.append(CompletionOutput(
-            index=index, token_ids=list(seq.output_ids), text=text,
+            index=index, token_ids=output_ids, text=text,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            new_token_ids=seq.output_ids[start:], new_text=text[text_start:]))
+            new_token_ids=output_ids[start:], new_text=text[text_start:]))
         if since_last_look:
-            seq.num_returned_tokens, seq.returned_text_len = len(seq.output_ids), len(text)
+            seq.num_returned_tokens, seq.returned_text_len = len(output_ids), len(text)
     return RequestOutput(request.request_id, request.prompt_ids, outputs)

@@ -13,7 +13,12 @@ When blocks run out for a running sequence, the newest running sequence not yet 
 preempted by recompute: its blocks are freed and it goes back to the front of the queue, to be prefilled
 again (prompt and generated tokens) when there is room. No new sequence is admitted in a step that preempts.
 
-The scheduler only moves sequences and asks the block manager for slots: it never touches tensors.
+A request for ``n`` completions enters as one sequence whose ``n - 1`` siblings wait until its prompt is in
+the cache, then ``fork`` lets them share its blocks. Admission counts the siblings against ``max_num_seqs``.
+
+The scheduler owns where each sequence is (waiting, running, waiting to be forked, finished), the admission
+stamps and the preemption count; it only moves sequences and asks the block manager for slots, never touching
+a tensor.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from workbench.cache.block_manager import BlockManager
 from workbench.config import SchedulerConfig
 from workbench.engine.admission_policy import AdmissionPolicy
-from workbench.engine.sequence import Sequence, SequenceStatus
+from workbench.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 
 @dataclass(slots=True)
@@ -33,10 +40,9 @@ class ScheduledSeq:
     num_new_tokens: int  # tokens fed this step, from seq.num_computed_tokens on (drafts included)
     lookahead: int = 0  # slots reserved for speculative drafts beyond the newest token
     drafts: list[int] = field(default_factory=list)  # filled by the engine's proposer before the forward
-    draft_probs: object = None  # [len(drafts), vocab] distributions the drafts were sampled from, or None
-    accepted: int = 0  # drafts the verification accepted (set after the forward)
+    draft_probs: torch.Tensor | None = None  # [len(drafts), vocab] distributions the drafts came from, or None
 
-    def set_drafts(self, drafts: list[int], probs: object) -> None:
+    def set_drafts(self, drafts: list[int], probs: torch.Tensor | None) -> None:
         self.drafts = drafts[: self.lookahead]
         self.draft_probs = probs[: len(self.drafts)] if probs is not None else None
         self.num_new_tokens = 1 + len(self.drafts)
@@ -52,18 +58,8 @@ class SchedulerOutput:
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
-        """Single-token decodes first, then decodes verifying drafts, then prefills: the order of rows in the
-        step's flat batch (the decode kernel takes the first group, the prefill kernel the rest)."""
-        return ([d for d in self.decodes if d.num_new_tokens == 1] + [d for d in self.decodes if d.num_new_tokens > 1]
-                + self.prefills)
-
-    @property
-    def num_single_token_decodes(self) -> int:
-        return sum(d.num_new_tokens == 1 for d in self.decodes)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
+        """Decodes, then prefills (the batch builder, `workbench.cache.paged_batch`, orders the rows)."""
+        return self.decodes + self.prefills
 
     @property
     def is_empty(self) -> bool:
@@ -77,27 +73,42 @@ class Scheduler:
         self.policy = AdmissionPolicy(config)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self._forks: dict[int, list[Sequence]] = {}  # seq_id -> siblings waiting for its prompt's KV
 
     # ----------------------------------------------------------------------------------------------------
-    def add(self, seq: Sequence) -> None:
+    def add(self, seq: Sequence, siblings: list[Sequence] | None = None) -> None:
+        """Queue ``seq``; its ``siblings`` (the other completions of an n > 1 request) fork from it later."""
+        siblings = siblings or []
+        if len(siblings) + 1 > self._admission_limit():
+            raise ValueError(f"n = {len(siblings) + 1} completions cannot run together: at most "
+                             f"{self._admission_limit()} sequences run at once; lower n or raise max_num_seqs")
         self.waiting.append(seq)
+        if siblings:
+            self._forks[seq.seq_id] = list(siblings)
 
-    def remove(self, seq: Sequence) -> None:
-        """Take a finished or aborted sequence out, releasing its blocks."""
+    def has_pending_forks(self, seq: Sequence) -> bool:
+        return seq.seq_id in self._forks
+
+    def fork(self, parent: Sequence) -> list[Sequence]:
+        """The parent's waiting siblings share its blocks from now on and join the running batch."""
+        children = self._forks.pop(parent.seq_id, [])
+        for child in children:
+            self.blocks.fork(parent.seq_id, child.seq_id, child.token_ids)
+            child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
+            child.first_scheduled_time = parent.first_scheduled_time
+            child.status = SequenceStatus.RUNNING
+            self.running.append(child)
+        return children
+
+    def finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
+        """Let a sequence go, wherever it is, releasing its blocks."""
         if seq in self.running:
             self.running.remove(seq)
             self.blocks.free(seq.seq_id)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-
-    def admit_forked(self, seq: Sequence) -> None:
-        """A sibling forked from a running parent (n > 1) joins the running batch directly."""
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        self._forks.pop(seq.seq_id, None)
+        seq.finish(reason, now)
 
     # ----------------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
@@ -141,7 +152,6 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq.seq_id)
         seq.status = SequenceStatus.WAITING
-        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
@@ -158,6 +168,11 @@ class Scheduler:
         oldest_wait = now - self.waiting[0].arrival_time
         return len(self.waiting) >= self.config.dynamic_batch_size or oldest_wait >= self.config.dynamic_max_wait_s
 
+    def _num_running_or_promised(self) -> int:
+        """Running sequences plus the siblings they will fork once their prompts are cached."""
+        running = {s.seq_id for s in self.running}
+        return len(self.running) + sum(len(c) for parent, c in self._forks.items() if parent in running)
+
     def _admission_limit(self) -> int:
         limit = self.config.max_num_seqs
         if self.config.batching == "dynamic":
@@ -167,16 +182,17 @@ class Scheduler:
     def _admit_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         chunked = self.config.enable_chunked_prefill
         self.policy.order_waiting(self.waiting, self.blocks)
-        while self.waiting and budget > 0 and len(self.running) < self._admission_limit():
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if self._num_running_or_promised() + 1 + len(self._forks.get(seq.seq_id, ())) > self._admission_limit():
+                break
             # Admit only if the whole known sequence fits in the free blocks (prefix hits counted), so that
             # chunks of admitted prompts do not preempt each other in a loop.
             if self.blocks.blocks_needed(seq.token_ids) > self.blocks.num_free_blocks:
                 break
             if not chunked and seq.num_tokens > budget:
                 break
-            cached = self.blocks.add_sequence(seq.seq_id, seq.token_ids)
-            seq.num_computed_tokens = seq.num_cached_prompt_tokens = cached
+            seq.num_cached_prompt_tokens = self.blocks.add_sequence(seq.seq_id, seq.token_ids)
             n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit if chunked else budget)
             out.block_copies += self.blocks.reserve(seq.seq_id, seq.num_computed_tokens + n)
             self.waiting.popleft()

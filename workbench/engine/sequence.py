@@ -1,7 +1,15 @@
 """The state of one sequence as it moves through the engine: waiting, running, finished.
 
-A request asks for ``n`` completions of one prompt; each completion is a ``Sequence``. The scheduler reads
-and moves sequences, the model runner reads their tokens, the engine appends sampled tokens and stamps times.
+A request asks for ``n`` completions of one prompt; each completion is a ``Sequence``. Every fact about it has
+one owner, the only code that writes it:
+
+- ``token_ids`` (the prompt, then each generated token) and ``token_times``: ``append_token``, called by the
+  engine's post-forward bookkeeping (`workbench.engine.bookkeeping`);
+- how many tokens have their KV in the cache (``num_computed_tokens``): the block manager. It is handed
+  ``token_ids`` itself at admission and reads the tokens it hashes from that list, so nothing is mirrored;
+- ``status``, the admission stamps and ``num_preemptions``: the scheduler, which also calls ``finish``;
+- ``spec``: the verification bookkeeping; ``num_returned_tokens`` / ``returned_text_len``: output building.
+
 ``num_computed_tokens`` is the pivot of the whole engine: the tokens before it have their KV in the cache,
 the ones after it still need a forward pass (all of the prompt at first, one token per step while decoding,
 everything again after a preemption by recompute).
@@ -14,6 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench.cache.block_manager import BlockManager
 from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.spec.stats import SpecCounters
@@ -35,15 +44,17 @@ class FinishReason(enum.Enum):
 class Sequence:
     seq_id: int
     request_id: str
-    prompt_ids: list[int]
+    token_ids: list[int]  # the prompt when created, then every generated token; only append_token() writes it
     params: SamplingParams
     max_total_tokens: int  # prompt + the most tokens it may generate (max_tokens, capped by the context)
     arrival_time: float
+    blocks: BlockManager | None = field(default=None, repr=False)  # owns num_computed_tokens (None: no engine)
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
-    output_ids: list[int] = field(default_factory=list)
+    spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence)
+    priority: int = 0  # lower runs first under the priority scheduling policy (as in vLLM)
+    num_prompt_tokens: int = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
-    num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # served from the prefix cache at the last admission
     num_preemptions: int = 0
     first_scheduled_time: float | None = None
@@ -53,17 +64,33 @@ class Sequence:
     # Tokens before this index have been handed to the caller (streaming deltas).
     num_returned_tokens: int = 0
     returned_text_len: int = 0
-    spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence)
-    priority: int = 0  # lower runs first under the priority scheduling policy (as in vLLM)
     spec: SpecCounters = field(default_factory=SpecCounters)
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = len(self.token_ids)
+
+    # ------------------------------------------------------------------------------------------ tokens
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self.token_ids)
 
     @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is in the cache (0 while waiting, after a preemption, and once finished)."""
+        blocks = self.blocks
+        return blocks.num_computed_tokens(self.seq_id) if blocks is not None and self.seq_id in blocks else 0
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -72,12 +99,12 @@ class Sequence:
     @property
     def is_decoding(self) -> bool:
         """True once the prompt is in the cache and only the newest token remains to be fed."""
-        return self.num_uncomputed_tokens == 1 and bool(self.output_ids)
+        return self.num_uncomputed_tokens == 1 and self.num_output_tokens > 0
 
     @property
     def num_remaining_tokens(self) -> int:
         """Tokens it may still generate (max_tokens and the context both count)."""
-        return min(self.params.max_tokens - len(self.output_ids), self.max_total_tokens - self.num_tokens)
+        return min(self.params.max_tokens - self.num_output_tokens, self.max_total_tokens - self.num_tokens)
 
     @property
     def lookahead(self) -> int:
@@ -91,6 +118,14 @@ class Sequence:
     @property
     def text(self) -> str:
         return self.detokenizer.text if self.detokenizer is not None else ""
+
+    # ----------------------------------------------------------------------------------------- changes
+    def append_token(self, token: int, now: float) -> None:
+        """A generated token, stamped with the time it became known."""
+        self.token_ids.append(token)
+        self.token_times.append(now)
+        if self.detokenizer is not None:
+            self.detokenizer.push(token)
 
     def finish(self, reason: FinishReason, now: float) -> None:
         self.status = SequenceStatus.FINISHED

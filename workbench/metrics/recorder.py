@@ -12,15 +12,56 @@ metrics the course talks about:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
 
-from workbench.engine.sequence import Sequence
 from workbench.spec.stats import SpecCounters
 
 PERCENTILES = (50, 95, 99)
+
+
+class FinishedSequence(Protocol):
+    """What the recorder reads of a finished sequence (the engine's ``Sequence`` is one); it writes nothing."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def seq_id(self) -> int: ...
+
+    @property
+    def arrival_time(self) -> float: ...
+
+    @property
+    def first_scheduled_time(self) -> float | None: ...
+
+    @property
+    def token_times(self) -> list[float]: ...  # when each output token became known
+
+    @property
+    def finish_time(self) -> float | None: ...
+
+    @property
+    def finish_reason(self) -> enum.Enum | None: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+    @property
+    def num_cached_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_preemptions(self) -> int: ...
+
+    @property
+    def spec(self) -> SpecCounters: ...
 
 
 @dataclass(slots=True)
@@ -48,12 +89,12 @@ class StepRecord:
 class MetricsRecorder:
     def __init__(self) -> None:
         self.steps: list[StepRecord] = []
-        self.finished: list[Sequence] = []
+        self.finished: list[FinishedSequence] = []
 
     def record_step(self, record: StepRecord) -> None:
         self.steps.append(record)
 
-    def record_finished(self, seq: Sequence) -> None:
+    def record_finished(self, seq: FinishedSequence) -> None:
         self.finished.append(seq)
 
     def reset(self) -> None:
@@ -117,15 +158,15 @@ class MetricsRecorder:
                 "output_tokens_per_s": tokens / span if span > 0 else float("nan")}
 
 
-def _request_row(s: Sequence) -> dict:
+def _request_row(s: FinishedSequence) -> dict:
     times = s.token_times
     first = times[0] if times else np.nan
     gaps = np.diff(times) if len(times) > 1 else np.array([])
     return {
         "request_id": s.request_id, "seq_id": s.seq_id, "arrival": s.arrival_time,
         "first_scheduled": s.first_scheduled_time, "first_token": first, "finish": s.finish_time,
-        "finish_reason": s.finish_reason.value if s.finish_reason else None, "prompt_tokens": len(s.prompt_ids),
-        "output_tokens": len(s.output_ids), "cached_prompt_tokens": s.num_cached_prompt_tokens,
+        "finish_reason": s.finish_reason.value if s.finish_reason else None, "prompt_tokens": s.num_prompt_tokens,
+        "output_tokens": s.num_output_tokens, "cached_prompt_tokens": s.num_cached_prompt_tokens,
         "preemptions": s.num_preemptions,
         "queue_time_s": (s.first_scheduled_time - s.arrival_time) if s.first_scheduled_time else np.nan,
         "ttft_s": first - s.arrival_time,

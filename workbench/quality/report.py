@@ -16,9 +16,8 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench.cache.calibration import calibration_ids
-from workbench.cache.sizing import kv_bytes_per_token, max_concurrency
+from workbench.cache.sizing import bytes_per_block, kv_bytes_per_token, max_concurrency
 from workbench.config import CacheConfig
-from workbench.engine.cache_setup import bytes_per_block
 from workbench.models.llama import LlamaModel
 from workbench.paths import DATASETS_DIR
 from workbench.quality.recall import make_items, run_recall

@@ -21,13 +21,13 @@ from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch
 from workbench.sampling import probabilities
+from workbench.spec.sequence_view import DraftingSequence
 
 
 class DraftProposer:
-    def __init__(self, draft: torch.nn.Module, blocks: BlockManager, num_blocks: int, block_size: int, *,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(self, draft: torch.nn.Module, blocks: BlockManager, *, dtype: torch.dtype, device: torch.device):
         self.draft, self.blocks, self.device = draft, blocks, device
-        self.cache = PagedKVCache(draft.spec, num_blocks, block_size, dtype=dtype, device=device)
+        self.cache = PagedKVCache(draft.spec, blocks.num_blocks, blocks.block_size, dtype=dtype, device=device)
         self.needs_target_features = bool(getattr(draft, "needs_target_features", False))
         self.taps: tuple[int, ...] = tuple(getattr(draft, "taps", ()))
         self._valid: dict[int, int] = {}  # positions of each sequence whose draft KV is valid
@@ -36,7 +36,7 @@ class DraftProposer:
 
     # --------------------------------------------------------------------------------------- engine hooks
     @torch.inference_mode()
-    def observe(self, seq, start: int, hidden: torch.Tensor) -> None:
+    def observe(self, seq: DraftingSequence, start: int, hidden: torch.Tensor) -> None:
         """Keep the target's features of positions start.. (only those not yet fed to the head), already fused
         into the head's input width when it reads several layers."""
         hidden = self.draft.fuse_features(hidden)
@@ -47,7 +47,7 @@ class DraftProposer:
         keep_from = max(self._valid.get(seq.seq_id, 0), first) - first
         self._features[seq.seq_id] = (first + keep_from, feats[keep_from:].clone())
 
-    def rollback(self, seq, num_valid: int) -> None:
+    def rollback(self, seq: DraftingSequence, num_valid: int) -> None:
         if seq.seq_id in self._valid:
             self._valid[seq.seq_id] = min(self._valid[seq.seq_id], num_valid)
 
@@ -60,7 +60,7 @@ class DraftProposer:
 
     # ---------------------------------------------------------------------------------------- proposing
     @torch.inference_mode()
-    def propose(self, items: list[tuple[object, int]]) -> list[tuple[list[int], torch.Tensor | None]]:
+    def propose(self, items: list[tuple[DraftingSequence, int]]) -> list[tuple[list[int], torch.Tensor | None]]:
         """Up to k drafts per (sequence, k), and the distributions they were drawn from (None when greedy)."""
         drafts: list[list[int]] = [[] for _ in items]
         probs: list[list[torch.Tensor]] = [[] for _ in items]
@@ -85,7 +85,7 @@ class DraftProposer:
                 self._after_propose(seq, k)
         return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
 
-    def _catch_up_plan(self, seq) -> tuple[BatchEntry, torch.Tensor | None] | None:
+    def _catch_up_plan(self, seq: DraftingSequence) -> tuple[BatchEntry, torch.Tensor | None] | None:
         """The draft's first forward for ``seq``: every real position it lacks (None if it cannot draft)."""
         tokens, seq_id = seq.token_ids, seq.seq_id
         valid = self._checked_valid(seq)
@@ -97,7 +97,7 @@ class DraftProposer:
             return None
         return BatchEntry(seq_id, valid, tokens[valid + 1: end + 1]), feats[valid - first: end - first]
 
-    def _checked_valid(self, seq) -> int:
+    def _checked_valid(self, seq: DraftingSequence) -> int:
         """Valid positions, cut back to the first block whose id changed since the KV was written.
 
         A sequence the draft has not seen yet starts after its prefix-cache hit: those blocks are shared with
@@ -116,11 +116,11 @@ class DraftProposer:
                 return index * size
         return valid
 
-    def _next_position(self, seq, num_drafted: int) -> int:
+    def _next_position(self, seq: DraftingSequence, num_drafted: int) -> int:
         # A small model feeds draft i at position len + i - 1; the head lags one (it pairs feature j, token j+1).
         return len(seq.token_ids) + num_drafted - 1 - int(self.needs_target_features)
 
-    def _after_propose(self, seq, k: int) -> None:
+    def _after_propose(self, seq: DraftingSequence, k: int) -> None:
         n = len(seq.token_ids)
         # Positions written from real inputs: everything for a small model (drafts become real if accepted,
         # and rollback() trims the rest); only the caught-up ones for a head (later ones used its own features).
@@ -139,7 +139,7 @@ class DraftProposer:
         return torch.cat([hidden[row: row + len(entry.tokens)] for entry, row in zip(entries, batch.first_rows,
                                                                                       strict=True)])
 
-    def _sample_into(self, state: torch.Tensor, seqs: list, drafts: list[list[int]],
+    def _sample_into(self, state: torch.Tensor, seqs: list[DraftingSequence], drafts: list[list[int]],
                      probs: list[list[torch.Tensor]]) -> None:
         logits = self.draft.compute_logits(state)
         for row, (seq, out, dist) in enumerate(zip(seqs, drafts, probs, strict=True)):

@@ -8,6 +8,8 @@ no model and no memory beyond the sequence itself. It tries the longest n first 
 
 from __future__ import annotations
 
+from workbench.spec.sequence_view import DraftingSequence
+
 
 def propose_ngram(tokens: list[int], k: int, ngram_min: int = 1, ngram_max: int = 4) -> list[int]:
     """Up to ``k`` tokens continuing the latest earlier occurrence of the sequence's final n-gram."""
@@ -34,15 +36,15 @@ class NgramProposer:
     def __init__(self, ngram_min: int = 1, ngram_max: int = 4):
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 
-    def propose(self, items: list[tuple[object, int]]) -> list[tuple[list[int], None]]:
+    def propose(self, items: list[tuple[DraftingSequence, int]]) -> list[tuple[list[int], None]]:
         """For each (sequence, max drafts): the drafts and their distributions (None: deterministic)."""
         return [(propose_ngram(seq.token_ids, k, self.ngram_min, self.ngram_max), None) for seq, k in items]
 
     # No per-sequence state and no cache: nothing to observe, roll back, forget or copy.
-    def observe(self, seq: object, start: int, hidden: object) -> None:
+    def observe(self, seq: DraftingSequence, start: int, hidden: object) -> None:
         pass
 
-    def rollback(self, seq: object, num_valid: int) -> None:
+    def rollback(self, seq: DraftingSequence, num_valid: int) -> None:
         pass
 
     def forget(self, seq_id: int) -> None:

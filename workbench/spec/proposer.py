@@ -15,35 +15,37 @@ from typing import Protocol
 
 import torch
 
+from workbench.cache.block_manager import BlockManager
 from workbench.config import SpecConfig
+from workbench.models.llama import LlamaModel
+from workbench.spec.draft_head import load_draft
+from workbench.spec.draft_proposer import DraftProposer
+from workbench.spec.ngram import NgramProposer
+from workbench.spec.sequence_view import DraftingSequence
 
 
 class Proposer(Protocol):
     needs_target_features: bool
     taps: tuple[int, ...]  # target layers whose residual ``observe`` should get; () for the final hidden state
 
-    def propose(self, items: list[tuple[object, int]]) -> list[tuple[list[int], torch.Tensor | None]]: ...
+    def propose(self, items: list[tuple[DraftingSequence, int]]) -> list[tuple[list[int], torch.Tensor | None]]:
+        ...
 
-    def observe(self, seq: object, start: int, hidden: torch.Tensor) -> None: ...
+    def observe(self, seq: DraftingSequence, start: int, hidden: torch.Tensor) -> None: ...
 
-    def rollback(self, seq: object, num_valid: int) -> None: ...
+    def rollback(self, seq: DraftingSequence, num_valid: int) -> None: ...
 
     def forget(self, seq_id: int) -> None: ...
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None: ...
 
 
-def build_proposer(config: SpecConfig, engine, draft_model=None) -> Proposer:
-    """The proposer a config names; ``draft`` uses ``draft_model`` or the trained SmolLM2 draft."""
+def build_proposer(config: SpecConfig, *, target: LlamaModel, blocks: BlockManager,
+                   draft_model: torch.nn.Module | None = None) -> Proposer:
+    """The proposer a config names; ``draft`` uses ``draft_model`` or the trained SmolLM2 draft, with a paged KV
+    cache of its own laid out like the target's pool (``blocks``)."""
     if config.method == "ngram":
-        from workbench.spec.ngram import NgramProposer
-
         return NgramProposer(config.ngram_min, config.ngram_max)
-    from workbench.spec.draft_proposer import DraftProposer
-
     if draft_model is None:
-        from workbench.spec.draft_head import load_draft
-
-        draft_model = load_draft(engine.model)
-    return DraftProposer(draft_model, engine.blocks, engine.cache.num_blocks, engine.cache.block_size,
-                         dtype=engine.model.dtype, device=engine.model.device)
+        draft_model = load_draft(target)
+    return DraftProposer(draft_model, blocks, dtype=target.dtype, device=target.device)
