@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import base64
+import io
 import shutil
 
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
+from PIL import Image
 
 from workbench.lab.common import LabPanel
 from workbench.lab.exercises import Exercise
@@ -55,7 +57,12 @@ def test_figure_bundle_carries_a_real_png():
     fig = go.Figure(go.Bar(x=["a", "b"], y=[1, 2]))
     fig.update_layout(height=300)
     png = base64.b64decode(figure_bundle(fig)["image/png"])
-    assert png.startswith(b"\x89PNG") and len(png) > 5000
+    assert png.startswith(b"\x89PNG")
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    assert image.size == (1000, 300)  # plotly's default width, the figure's height
+    # The bars were drawn: plotly's first colour (#636efa) covers a good share of the picture, not a blank page.
+    bar_pixels = sum(1 for r, g, b in image.getdata() if abs(r - 0x63) < 8 and abs(g - 0x6E) < 8 and b > 0xF0)
+    assert bar_pixels > 0.1 * image.size[0] * image.size[1]
 
 
 def test_bundles_of_tables_and_status_lines():
