@@ -14,8 +14,9 @@ import torch
 
 import workbench
 from workbench.lab import ch07_speculative as ch07
+from workbench.lab.ch07_compare import compare
 from workbench.lab.ch07_cost import forward_curve
-from workbench.lab.ch07_runs import compare, task_prompts
+from workbench.lab.ch07_runs import task_prompts
 from workbench.lab.ch07_sampling import chi_square
 from workbench.lab.ch07_trace import trace_html, trace_request
 from workbench.spec.stats import SpecCounters

@@ -15,8 +15,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.data import load_prompts
+from workbench.lab.ch07_compare import compare
 from workbench.lab.ch07_cost import POSITIONS, forward_curve
-from workbench.lab.ch07_runs import PLAIN, PROPOSERS, TASKS, compare, task_prompts
+from workbench.lab.ch07_runs import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.lab.ch07_trace import ACCEPTED, REJECTED, UNTESTED, trace_html, trace_request
 from workbench.lab.common import LabPanel, measured_on, style
 
@@ -130,7 +131,7 @@ class TokenTraceLab(LabPanel):
         drafted, accepted = int(frame["drafted"].sum()), int(frame["accepted"].sum())
         tested = int((frame["accepted"] + frame["rejected"]).sum())
         same = {True: "identical to plain greedy decoding", False: "DIFFERENT from plain greedy decoding",
-                None: "sampled, so compared by distribution instead (section 7)"}[trace.same_as_plain]
+                None: "sampled: compared by distribution instead (the sampling check)"}[trace.same_as_plain]
         self.status.value = (
             f"<b>{len(trace.output_ids)} tokens</b> in <b>{trace.target_passes()} target passes</b> after the "
             f"prefill (plain decoding needs {len(trace.output_ids) - 1}); {len(frame)} passes verified drafts: "

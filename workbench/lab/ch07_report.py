@@ -16,8 +16,9 @@ import pandas as pd
 import torch
 
 import workbench
+from workbench.lab.ch07_compare import compare
 from workbench.lab.ch07_cost import forward_curve
-from workbench.lab.ch07_runs import PROPOSERS, compare, task_prompts
+from workbench.lab.ch07_runs import PROPOSERS, task_prompts
 from workbench.lab.ch07_sampling import sampling_check
 from workbench.spec.draft_head import load_draft
 from workbench.spec.theory import best_k, break_even_alpha, speedup

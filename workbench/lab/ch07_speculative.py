@@ -12,8 +12,9 @@ import math
 
 import pandas as pd
 
+from workbench.lab.ch07_compare import compare
 from workbench.lab.ch07_panels import AcceptanceLab, ForwardCostLab, TokenTraceLab
-from workbench.lab.ch07_runs import PLAIN, PROPOSERS, TASKS, compare, task_prompts
+from workbench.lab.ch07_runs import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.lab.ch07_sweeps import BatchLab, KSweepLab, SamplingLab
 from workbench.lab.exercises import Exercise
 from workbench.spec.stats import SpecCounters, expected_draft_acceptance, expected_tokens_per_pass

@@ -9,13 +9,16 @@ speculative sampling leaves the distribution unchanged (`workbench.lab.ch07_samp
 
 from __future__ import annotations
 
+import math
+
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.lab.ch07_compare import compare
 from workbench.lab.ch07_cost import ForwardCurve
 from workbench.lab.ch07_panels import COLORS, k_control, proposer_control, task_control
-from workbench.lab.ch07_runs import PLAIN, PROPOSERS, compare, task_prompts
+from workbench.lab.ch07_runs import PLAIN, PROPOSERS, task_prompts
 from workbench.lab.ch07_sampling import CHECK_PROPOSERS, VOCAB, sampling_check
 from workbench.lab.common import LabPanel, measured_on, style
 from workbench.spec.theory import best_k, speedup
@@ -27,8 +30,8 @@ class KSweepLab(LabPanel):
     """Measured speedup at several K, and the model's curve through them with its best K."""
 
     def __init__(self, model, tokenizer, draft, curve: ForwardCurve, *, proposer: str = "prompt lookup",
-                 task: str = "grounded", ks: tuple[int, ...] = (1, 2, 4, 8), num_prompts: int = 2,
-                 max_tokens: int = 40):
+                 task: str = "grounded", ks: tuple[int, ...] = (1, 2, 4, 8), num_prompts: int = 1,
+                 max_tokens: int = 48):
         self.model, self.tokenizer, self.draft, self.curve = model, tokenizer, draft, curve
         self.ks, self.num_prompts, self.max_tokens = ks, num_prompts, max_tokens
         self.proposer, self.task = proposer_control(proposer), task_control(task)
@@ -92,7 +95,7 @@ class KSweepLab(LabPanel):
 class BatchLab(LabPanel):
     """Both proposers at batch 1, 4 and 16: measured speedups beside the model with r measured at each batch."""
 
-    def __init__(self, model, tokenizer, draft, curve: ForwardCurve, *, task: str = "grounded", k: int = 4,
+    def __init__(self, model, tokenizer, draft, curve: ForwardCurve, *, task: str = "open chat", k: int = 4,
                  batches: tuple[int, ...] = (1, 4, 16), max_tokens: int = 16):
         self.model, self.tokenizer, self.draft, self.curve = model, tokenizer, draft, curve
         self.batches, self.max_tokens = batches, max_tokens
@@ -133,7 +136,8 @@ class BatchLab(LabPanel):
             r_curve = self.curve.ratio(b * (self.k.value + 1), b)
             for method, row in summary.iterrows():
                 model = (speedup(row["alpha"], self.k.value, row["draft_cost_c"], r_curve)
-                         if method != PLAIN and row["drafted"] else float("nan"))
+                         if method != PLAIN and math.isfinite(row["alpha"]) and math.isfinite(row["draft_cost_c"])
+                         else float("nan"))
                 rows.append({"batch": b, "method": method, "decode_tokens_per_s": row["decode_tokens_per_s"],
                              "speedup": row["speedup"], "alpha": row["alpha"], "draft_cost_c": row["draft_cost_c"],
                              "verify_cost_r": row["verify_cost_r"], "r_forward_curve": r_curve,
