@@ -179,6 +179,9 @@ def test_chapter2_runs_and_renders_in_chromium(page):
         assert page.locator(selector).count() >= at_least, selector
 
     # Figures: 1 (no cache) + 2 (paged: timeline, block pool) + 2 (prefix) + 1 (eviction), all laid out, none blank.
+    # The kernel is idle once the last cell ran; plotly draws the figures just after, later still on a busy machine.
+    page.wait_for_function("() => document.querySelectorAll('.jp-OutputArea-output .js-plotly-plot').length >= 6",
+                           timeout=STORED_RENDER_TIMEOUT_MS, polling=500)
     plots = _plots(page)
     assert len(plots) >= 6, plots
     for plot in plots:

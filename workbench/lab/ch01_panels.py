@@ -141,6 +141,7 @@ class AttentionMemoryLab(LabPanel):
         with self.figure.batch_update():
             for trace, column in zip(self.figure.data, columns, strict=True):
                 trace.x, trace.y = n, frame[column] / MiB
+            self.figure.update_xaxes(tickvals=n, ticktext=[f"{x:,}" for x in n])
         s = self.summary()
         self.status.value = (
             f"At N = {s['tokens']:,} one layer's prefill peaks at <b>{s['materialized_mib']:,.0f} MiB</b> with "

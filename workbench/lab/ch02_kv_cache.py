@@ -5,8 +5,8 @@ Three panels live here: ``CacheVsNoCacheLab`` (per-step time with and without a 
 (contiguous max-length reservations vs paged blocks on a mixed workload, with the block tables replayed step
 by step) and ``PrefixCacheLab`` (TTFT per request with a shared system prompt: layout and caching toggles).
 The others: ``KVShareLab`` and ``KVCapacityLab`` (what a GPU leaves the cache, `workbench.lab.ch02_capacity`),
-``ParallelSamplingLab`` (copy-on-write forks, `workbench.lab.ch02_fork`) and ``EvictionLab`` (hit rate
-against the budget, LRU vs LFU, `workbench.lab.ch02_eviction`). Runs live in `workbench.lab.kv_runs`; this
+``ParallelSamplingLab`` (copy-on-write forks, `workbench.lab.ch02_fork`), ``EvictionLab`` and ``PolicyLab``
+(hit rate against the budget, LRU vs LFU, `workbench.lab.ch02_eviction`). Runs live in `workbench.lab.kv_runs`; this
 module turns controls into runs and runs into figures.
 """
 
@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 from workbench.cache.memory_compare import compare_reservations
 from workbench.lab.block_view import BlockView
 from workbench.lab.ch02_capacity import KVCapacityLab, KVShareLab
-from workbench.lab.ch02_eviction import EvictionLab
+from workbench.lab.ch02_eviction import EvictionLab, PolicyLab
 from workbench.lab.ch02_fork import ParallelSamplingLab
 from workbench.lab.ch02_summary import EXERCISES, takeaways
 from workbench.lab.common import LabPanel, MiB, fmt_bytes, measured_on, style
@@ -29,7 +29,7 @@ from workbench.lab.kv_runs import LAYOUTS, cache_vs_no_cache, prefix_cache_run, 
 from workbench.workloads import WorkloadRequest, mixed_lengths
 
 __all__ = ["EXERCISES", "CacheVsNoCacheLab", "EvictionLab", "KVCapacityLab", "KVShareLab", "PagedMemoryLab",
-           "ParallelSamplingLab", "PrefixCacheLab", "takeaways"]
+           "ParallelSamplingLab", "PolicyLab", "PrefixCacheLab", "takeaways"]
 
 HIT, MISS = "#2ca02c", "#d62728"
 
