@@ -5,6 +5,10 @@
    Offline: ``run_workload`` drives an ``LLMEngine`` in this process. HTTP: ``workbench serve`` in a child
    process with the same settings, driven by ``workbench.bench.run_benchmark`` (streaming, /v1/completions).
    Rounds alternate (offline, HTTP, offline, HTTP, ...) so that a change in machine load hits both.
+   The offline engine is driven from a worker thread, as the server's engine is: with PyTorch's OpenMP
+   threads spin-waiting (the default), a loaded machine made the same engine 7-8x slower when stepped from
+   the main thread than from a second thread (measured 2026-11-23, load ~12 on 2 cores; with
+   OMP_WAIT_POLICY=PASSIVE both ran alike), which would be a difference of threading, not of HTTP.
 2. TTFT overhead at batch 1: 8 short chat questions one at a time (8 output tokens each). Offline TTFT is the
    engine's (first token - arrival); HTTP TTFT is the client's (first streamed chunk - request sent); the
    server's own engine-side TTFT comes from its Prometheus histogram, so the difference splits into HTTP +
@@ -16,8 +20,10 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import statistics
+import sys
 
 import httpx
 import torch
@@ -57,10 +63,10 @@ def http_throughput(url: str, workload: list[WorkloadRequest]) -> tuple[float, f
     return result.summary["output_throughput"], result.summary["ttft_mean_ms"] / 1e3
 
 
-def ttft_batch1(engine: LLMEngine, url: str) -> dict[str, float]:
+def ttft_batch1(engine: LLMEngine, url: str, on_offline_thread) -> dict[str, float]:
     workload = [WorkloadRequest(q, TTFT_OUTPUT_TOKENS, ignore_eos=True) for q in questions(TTFT_QUESTIONS, seed=1)]
-    offline = [run_workload(engine, [r], realtime=False, progress=False).requests["ttft_s"].iloc[0]
-               for r in workload]
+    offline = [on_offline_thread(lambda r=r: run_workload(engine, [r], realtime=False, progress=False))
+               .requests["ttft_s"].iloc[0] for r in workload]
     before = server_ttft(url)
     http = run_benchmark(url, workload, concurrency=1, progress=False)
     after = server_ttft(url)
@@ -82,14 +88,21 @@ def main() -> None:
     engine = LLMEngine(model, tokenizer, cache_config=CacheConfig(), scheduler_config=scheduler)
     server_args = ["--device", "cpu", "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", "512"]
 
-    with ServerProcess(server_args) as server:
-        run_workload(engine, workload[:2], realtime=False, progress=False, chat=False)  # warm-up, both sides
-        run_benchmark(server.url, workload[:2], progress=False)
+    offline_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="offline-engine")
+
+    def on_offline_thread(fn, *args):
+        return offline_thread.submit(fn, *args).result()
+
+    with ServerProcess(server_args) as server, offline_thread:
+        on_offline_thread(lambda: run_workload(engine, workload[:2], realtime=False, progress=False, chat=False))
+        run_benchmark(server.url, workload[:2], progress=False)  # warm-up, both sides
         offline, http = [], []
-        for _ in range(args.rounds):
-            offline.append(offline_throughput(engine, workload))
+        for index in range(args.rounds):
+            offline.append(on_offline_thread(offline_throughput, engine, workload))
             http.append(http_throughput(server.url, workload))
-        ttft = ttft_batch1(engine, server.url)
+            print(f"round {index + 1}: offline {offline[-1][0]:.1f} tok/s, HTTP {http[-1][0]:.1f} tok/s",
+                  file=sys.stderr, flush=True)
+        ttft = ttft_batch1(engine, server.url, on_offline_thread)
 
     offline_tps = statistics.median(t for t, _ in offline)
     http_tps = statistics.median(t for t, _ in http)
