@@ -24,6 +24,7 @@ from workbench.engine.model_runner import ForwardResult, ItemRows
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.sequence import FinishReason, Sequence
 from workbench.metrics.recorder import MetricsRecorder
+from workbench.metrics.step_ranges import step_range
 from workbench.sampling import probabilities, sample_batch
 from workbench.spec.proposer import Proposer
 from workbench.spec.verify import verify_greedy, verify_sampled
@@ -52,11 +53,13 @@ class Bookkeeper:
             self._mark_computed(seq, seq.num_computed_tokens + rows.num_fed)
             if rows.num_logit_rows:
                 due += [(s, rows.first_logit_row) for s in (seq, *self.scheduler.fork(seq))]
-        touched = self._sample_due_tokens(due, result.logits, now)
+        with step_range("sample"):
+            touched = self._sample_due_tokens(due, result.logits, now)
         accepted: dict[int, int] = {}
-        for rows in verifying:
-            accepted[rows.item.seq.seq_id] = self._verify_drafts(rows, result.logits, now)
-            touched.append(rows.item.seq.request_id)
+        with step_range("verify"):
+            for rows in verifying:
+                accepted[rows.item.seq.seq_id] = self._verify_drafts(rows, result.logits, now)
+                touched.append(rows.item.seq.request_id)
         for rows in result.items:
             self._release_unused_lookahead(rows.item.seq, rows.item.lookahead)
         self._tell_proposer(result, accepted)

@@ -35,6 +35,7 @@ from workbench.engine.requests import Request, RequestLimits, build_output, new_
 from workbench.engine.scheduler import Scheduler, SchedulerOutput
 from workbench.engine.sequence import FinishReason
 from workbench.metrics.recorder import MetricsRecorder, StepRecord
+from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
 from workbench.prompts import eos_token_ids
 from workbench.spec.proposer import Proposer, build_proposer
@@ -128,20 +129,23 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduling decision and one forward; return the requests that got new tokens."""
         start = self.clock()
-        out = self.scheduler.schedule(start)
-        if self.proposer is not None:
-            for seq in out.preempted:
-                self.proposer.forget(seq.seq_id)
+        with step_range("schedule"):
+            out = self.scheduler.schedule(start)
+            if self.proposer is not None:
+                for seq in out.preempted:
+                    self.proposer.forget(seq.seq_id)
         if out.is_empty:
             return []
-        self._draft(out)
-        result = self.runner.execute(out.scheduled, out.block_copies)
-        committed = self.bookkeeper.commit(result, self.clock())
-        self._record_step(out, start, committed.num_accepted)
-        outputs = [build_output(self.requests[rid]) for rid in committed.touched if rid in self.requests]
-        for output in outputs:
-            if output.finished:
-                del self.requests[output.request_id]
+        with step_range("draft"):
+            self._draft(out)
+        result = self.runner.execute(out.scheduled, out.block_copies)  # the "prepare" and "forward" ranges
+        with step_range("postprocess"):  # the "sample" and "verify" ranges nest inside
+            committed = self.bookkeeper.commit(result, self.clock())
+            self._record_step(out, start, committed.num_accepted)
+            outputs = [build_output(self.requests[rid]) for rid in committed.touched if rid in self.requests]
+            for output in outputs:
+                if output.finished:
+                    del self.requests[output.request_id]
         return outputs
 
     def _draft(self, out: SchedulerOutput) -> None:

@@ -18,6 +18,7 @@ from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch
 from workbench.engine.scheduler import ScheduledSeq
+from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
 
 
@@ -54,26 +55,28 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> ForwardResult:
         """One forward over the whole mixed batch (the batch builder puts single-token rows first)."""
-        self.cache.copy_blocks(list(block_copies))
-        entries = []
-        for item in scheduled:
-            seq, start = item.seq, item.seq.num_computed_tokens
-            tokens = seq.token_ids[start: start + item.num_new_tokens - len(item.drafts)] + item.drafts
-            entries.append(BatchEntry(seq.seq_id, start, tokens))
-        batch = build_paged_batch(self.blocks, entries, self.device)
-        logit_rows: list[int] = []
-        items = []
-        for item, entry, row in zip(scheduled, entries, batch.first_rows, strict=True):
-            count = len(entry.tokens)
-            if item.drafts:  # verification: the distribution after the newest token and after every draft
-                wanted = range(row, row + count)
-            elif entry.start + count == item.seq.num_tokens:  # every known token computed: the next is due
-                wanted = range(row + count - 1, row + count)
-            else:
-                wanted = range(0)
-            items.append(ItemRows(item, row, count, len(logit_rows), len(wanted)))
-            logit_rows += wanted
-        attention = PagedAttention(self.cache, batch.metadata, self.model.attention_scale)
-        hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention, self.taps)
-        logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
+        with step_range("prepare"):
+            self.cache.copy_blocks(list(block_copies))
+            entries = []
+            for item in scheduled:
+                seq, start = item.seq, item.seq.num_computed_tokens
+                tokens = seq.token_ids[start: start + item.num_new_tokens - len(item.drafts)] + item.drafts
+                entries.append(BatchEntry(seq.seq_id, start, tokens))
+            batch = build_paged_batch(self.blocks, entries, self.device)
+            logit_rows: list[int] = []
+            items = []
+            for item, entry, row in zip(scheduled, entries, batch.first_rows, strict=True):
+                count = len(entry.tokens)
+                if item.drafts:  # verification: the distribution after the newest token and after every draft
+                    wanted = range(row, row + count)
+                elif entry.start + count == item.seq.num_tokens:  # every known token computed: the next is due
+                    wanted = range(row + count - 1, row + count)
+                else:
+                    wanted = range(0)
+                items.append(ItemRows(item, row, count, len(logit_rows), len(wanted)))
+                logit_rows += wanted
+        with step_range("forward"):
+            attention = PagedAttention(self.cache, batch.metadata, self.model.attention_scale)
+            hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention, self.taps)
+            logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
         return ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)
