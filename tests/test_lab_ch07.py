@@ -15,7 +15,7 @@ import torch
 import workbench
 from workbench.lab import ch07_speculative as ch07
 from workbench.lab.ch07_compare import compare
-from workbench.lab.ch07_cost import forward_curve
+from workbench.lab.ch07_cost import _retime_stalls, forward_curve
 from workbench.lab.ch07_runs import task_prompts
 from workbench.lab.ch07_sampling import chi_square
 from workbench.lab.ch07_trace import trace_html, trace_request
@@ -89,6 +89,10 @@ def test_forward_curve_on_a_small_model():
     assert curve.ratio(1) == 1.0 and curve.ms(5) > 0 and curve.bandwidth > 0 and curve.flops_rate > 0
     assert curve.verify_cost(4)(4) == pytest.approx(curve.ratio(20, 4))
     assert curve.roofline_ms(1) == pytest.approx(curve.ms(1))  # the bandwidth ceiling is fitted there
+    # A stalled timing (slower than a forward over more positions) is timed again; a plausible one is kept.
+    rows = [{"positions": 2, "ms": 1e6}, {"positions": 20, "ms": curve.ms(20)}]
+    _retime_stalls(small, rows, 1)
+    assert rows[0]["ms"] < 1e6 and rows[1]["ms"] == curve.ms(20)
 
 
 @pytest.fixture(scope="module")
