@@ -118,3 +118,17 @@ def test_scraper_reads_a_live_endpoint():
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_panel_frame_from_literal_text_and_missing_series():
+    from workbench.monitoring.dashboard import PANELS, panel_frame
+
+    rows = parse_exposition(exposition(0, 0, 0, {"0.1": 0, "+Inf": 0}), 100.0)
+    rows += parse_exposition(exposition(1, 5, 10, {"0.1": 3, "+Inf": 4}), 101.0)
+    panels = panel_frame(samples_frame(rows), window_s=2.0)
+    assert list(panels.columns) == list(PANELS) and panels.index.tolist() == [0.0, 1.0]
+    # 4 new requests: 3 under 0.1 s, 1 above; the median's rank 2 is 2/3 through (0, 0.1]
+    assert panels["ttft_p50_s"].iloc[1] == pytest.approx(0.1 * 2 / 3)
+    assert panels["ttft_p99_s"].iloc[1] == 0.1  # rank in +Inf: the top finite bound
+    assert panels["prefix_hit_rate"].iloc[1] == 0.5
+    assert panels[["running", "kv_usage", "acceptance_rate"]].isna().all().all()  # not in this exposition

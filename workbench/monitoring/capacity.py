@@ -132,6 +132,19 @@ def plan_from_sweep(traffic: TrafficProfile, sweep: pd.DataFrame) -> dict[str, f
             "rate_tested_max": float(sweep["request_rate"].max())}
 
 
+def measure_sweep(url: str, workload: list, rates: Sequence[float], *, seed: int = 0) -> pd.DataFrame:
+    """The benchmark client at each request rate (Poisson arrivals) against ``url``: one row per rate with the
+    columns ``plan_from_sweep`` reads, plus output throughput."""
+    from workbench.bench.runner import run_benchmark  # httpx is only needed here
+
+    rows = []
+    for rate in rates:
+        summary = run_benchmark(url, workload, request_rate=rate, seed=seed, progress=False).summary
+        rows.append({"request_rate": rate, **{key: summary[key] for key in (
+            "request_throughput", "output_throughput", "ttft_p99_ms", "itl_p99_ms", "failed")}})
+    return pd.DataFrame(rows)
+
+
 def seed_estimate(requests_per_second: float = 10, avg_prompt_tokens: float = 2000, avg_output_tokens: float = 300,
                   cache_hit_rate: float = 0.7, prefill_ms_per_1k_tokens: float = 50,
                   decode_ms_per_token: float = 150, headroom: float = 1.2) -> dict[str, float]:
