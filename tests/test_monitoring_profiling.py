@@ -77,3 +77,16 @@ def test_a_range_is_a_no_op_without_a_profiler():
         from workbench.metrics.step_ranges import enable_nvtx
         enable_nvtx(True)  # no CUDA: NVTX stays off
         assert isinstance(step_range("forward"), nullcontext)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_profile_steps_on_cuda_reports_device_time():
+    spec = model_spec("smollm2-135m").replace(num_layers=2, vocab_size=256, intermediate_size=128)
+    engine = LLMEngine(random_model(spec, device="cuda", seed=2), None,
+                       cache_config=CacheConfig(num_blocks=64, block_size=16))
+    for i in range(4):
+        engine.add_request([1, 2, 3, 4] * (3 + i), SamplingParams(max_tokens=12, ignore_eos=True), chat=False)
+    prof = profile_steps(engine, 6)
+    assert "device_ms" in prof.operators and prof.operators["device_ms"].sum() > 0
+    assert 0.9 <= prof.coverage <= 1.0 + 1e-6, prof.ranges
