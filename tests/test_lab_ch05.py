@@ -38,7 +38,7 @@ def panels():
     model = small_model()
     return {"modes": ch05.ModesLab(model, None, requests=4, users=2, max_num_seqs=2),
             "sweep": ch05.SweepLab(model, None, requests=4, concurrencies=(1, 2, 4)),
-            "variance": ch05.VarianceLab(model, None, requests=4, users=2),
+            "variance": ch05.VarianceLab(model, None, requests=8, users=4),
             "capacity": ch05.CapacityLab(model, None, requests=4),
             "priority": ch05.PriorityLab(model, None, requests=6)}
 
@@ -74,6 +74,15 @@ def test_priority_panel_serves_interactive_requests_first():
     panel = panels()["priority"]
     assert panel.cell("priority", "interactive", "ttft_p50_ms") < panel.cell("fcfs", "interactive", "ttft_p50_ms")
     assert panel.cell("priority", "interactive", "preemptions") == 0
+
+
+def test_variance_panel_counts_steps_static_pads_and_continuous_does_not():
+    variance = panels()["variance"]
+    steps = variance.step_ratios()
+    # Equal output lengths leave static batching nothing to pad; spread-out ones cost it extra steps.
+    assert steps["fixed"] == pytest.approx(1.0, abs=0.15)
+    assert steps["log-uniform"] > steps["fixed"]
+    assert (variance.table["steps"] > 0).all()
 
 
 def test_capacity_panel_shows_the_pool_bounding_the_batch():
