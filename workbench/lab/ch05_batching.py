@@ -72,6 +72,7 @@ def takeaways(sweep: SweepLab, variance: VarianceLab, capacity: CapacityLab, hit
     # preempt: the claim holds if a small pool keeps the batch under max_num_seqs and a larger pool lifts it.
     bounded = bool(cap.iloc[0]["peak_batch"] < cap.iloc[0]["max_num_seqs"]
                    and cap["peak_batch"].is_monotonic_increasing)
+    first, last = cap.iloc[0].map(int), cap.iloc[-1].map(int)  # counts (the frame's rows come back as floats)
     fcfs, aware = hits.loc["FCFS", "hit_rate"], hits.loc["cache-aware", "hit_rate"]
     k = sweep.knees().loc["continuous"]
     rows = [
@@ -86,8 +87,8 @@ def takeaways(sweep: SweepLab, variance: VarianceLab, capacity: CapacityLab, hit
          f"{ratios['log-uniform']:.2f}x)",
          _verdict(steps["log-uniform"] > 1.1, caveat=steps["fixed"] < 1.1)),
         ("KV cache size bounds the batch: max_num_seqs is capped by the blocks.",
-         f"{cap.iloc[0]['num_blocks']} blocks: peak batch {cap.iloc[0]['peak_batch']} of max_num_seqs "
-         f"{cap.iloc[0]['max_num_seqs']}; {cap.iloc[-1]['num_blocks']} blocks: {cap.iloc[-1]['peak_batch']}",
+         f"{first['num_blocks']} blocks: peak batch {first['peak_batch']} of max_num_seqs "
+         f"{first['max_num_seqs']}; {last['num_blocks']} blocks: {last['peak_batch']}",
          _verdict(bounded)),
         ("Cache-aware scheduling raises cache hit rates.",
          f"one engine (not a fleet): hit rate {fcfs:.0%} FCFS -> {aware:.0%} cache-aware admission",

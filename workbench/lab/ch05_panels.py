@@ -233,11 +233,12 @@ class CapacityLab(_EnginePanel):
                             marker_size=12)
             fig.update_layout(xaxis_title="KV blocks in the pool (16 tokens each)", yaxis_title="sequences per step")
             style(fig, "The KV pool bounds the batch, not max_num_seqs alone", self.subtitle, height=380)
-        small = t.iloc[0]
+        # Rows of a mixed int/float frame come back as floats: counts are printed as integers.
+        small, large = t.iloc[0].map(int), t.iloc[-1].map(int)
         self.status.value = (f"With {small['num_blocks']} blocks and {small['blocks_per_seq']} blocks per sequence "
                              f"the batch peaked at {small['peak_batch']} although max_num_seqs is "
-                             f"{small['max_num_seqs']}; with {t.iloc[-1]['num_blocks']} blocks it reached "
-                             f"{t.iloc[-1]['peak_batch']}.")
+                             f"{small['max_num_seqs']}; with {large['num_blocks']} blocks it reached "
+                             f"{large['peak_batch']}.")
 
     def stored_tables(self):
         return [("capacity runs", self.table.round(2))]
