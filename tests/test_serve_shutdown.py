@@ -32,8 +32,10 @@ def _read_stream(url: str, body: dict, events: list, first_chunk: threading.Even
 
 
 def test_sigterm_drains_then_aborts_and_exits_cleanly():
-    server = ServerProcess(["--num-blocks", "160"], grace_s=GRACE_S)  # room for 2560 tokens
+    # int8 weights: the server's --weights reaches the engine (shutdown does not care which weights it serves).
+    server = ServerProcess(["--num-blocks", "160", "--weights", "int8"], grace_s=GRACE_S)  # room for 2560 tokens
     with server:
+        assert "weights int8" in server.log_tail(), server.log_tail()
         long_events: list = []
         short_events: list = []
         started = [threading.Event(), threading.Event()]

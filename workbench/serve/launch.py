@@ -69,12 +69,13 @@ def serve_from_args(args: argparse.Namespace) -> None:
     if warning:
         print(warning, file=sys.stderr)
     configs = engine_configs(args)
-    engine = LLMEngine.from_pretrained(args.model, device=args.device, dtype=getattr(torch, args.dtype), **configs)
+    engine = LLMEngine.from_pretrained(args.model, device=args.device, dtype=getattr(torch, args.dtype),
+                                       weights=args.weights, **configs)
     server = _server(engine, args.host, args.port, grace_s=args.shutdown_grace, log_level=args.log_level,
                      model_name=args.served_model_name or args.model, api_key=api_key,
                      max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
     print(f"serving {args.served_model_name or args.model} at http://{args.host}:{args.port} "
-          f"({engine.model.device}, {args.dtype}, {engine.blocks.num_blocks} KV blocks of "
+          f"({engine.model.device}, {args.dtype}, weights {args.weights}, {engine.blocks.num_blocks} KV blocks of "
           f"{engine.cache_config.block_size})", file=sys.stderr, flush=True)
     server.run()
 

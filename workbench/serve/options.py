@@ -11,6 +11,7 @@ import argparse
 import os
 
 from workbench.config import BATCHING_MODES, SPEC_METHODS, CacheConfig, SchedulerConfig, SpecConfig
+from workbench.models.int8_linear import WEIGHT_FORMATS
 
 API_KEY_ENV = "WORKBENCH_API_KEY"
 DEFAULT_PORT = 8000
@@ -23,6 +24,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--model", default="smollm2-135m")
     engine.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     engine.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    engine.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
+                        help="int8: linear layers in int8 with per-channel scales; int8_all: the LM head too")
     engine.add_argument("--block-size", type=int, default=16)
     engine.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: from the memory budget)")
     engine.add_argument("--kv-budget-mib", type=int, default=None, help="KV-cache memory budget in MiB")
