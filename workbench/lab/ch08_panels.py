@@ -9,6 +9,7 @@ state.
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
 import threading
@@ -160,6 +161,9 @@ class ProfileLab(LabPanel):
         self.refresh()
 
     def measure(self) -> None:
+        # Kineto (the profiler's backend) prints a line to stderr at every start and stop, which a notebook shows
+        # as an error stream; level 6 silences it. Read when the profiler first starts; a value already set wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         engine = load_engine(planning_engine(self.model, self.tokenizer), planning_prompts(self.requests.value))
         self.profile = profile_steps(engine, self.steps.value, trace_path=self.trace_path)
 
