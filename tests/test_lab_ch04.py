@@ -131,7 +131,10 @@ def test_chunked_prefill_lab_splits_the_long_prompt_and_static_batching_makes_it
     table = chunked.summary()
     assert list(table.index) == [NO_CHUNKING, "chunks of 64", "chunks of 128", STATIC]
     assert not table.loc[STATIC, "decoders_outlasted_prefill"]  # static: the decoders finish before it starts
-    assert table.loc[STATIC, "long_ttft_ms"] > table.loc[NO_CHUNKING, "long_ttft_ms"]
+    # That static batching makes the long prompt wait is asserted on the schedule above (it is first scheduled
+    # after the decoders finish); its TTFT against no chunking is not compared: on this 2-layer model the wait is
+    # a few ms, inside a shared CPU's noise (CI once measured 81 vs 87 ms).
+    assert table.loc[STATIC, "long_ttft_ms"] > 0
     lanes = chunked.timeline.data[1]
     assert set(lanes.y) == {"decoder 1", "decoder 2", "decoder 3", "decoder 4", "long prompt"}
     assert len(lanes.x) == 4 * 24 + 8  # every output token is a tick
