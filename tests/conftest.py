@@ -17,6 +17,17 @@ import pytest  # noqa: E402
 import workbench  # noqa: E402
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Tiny matrices: one thread beats two, and avoids thread spinning on a shared, loaded machine (measured
+    12 ms against 170 ms per engine step with other jobs running). Test modules of tiny random models opt in
+    with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def real_model():
     model, _ = workbench.load_model("smollm2-135m", dtype=torch.float32, device="cpu")

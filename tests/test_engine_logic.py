@@ -16,7 +16,6 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -34,14 +33,7 @@ ALPHABET = st.integers(1, 5)
 STOP_IDS = tuple(range(0, 256, 8))  # one token in 8 stops a request that asks for it: stops happen often
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread beats two, and avoids thread spinning on a shared, loaded machine (measured
-    12 ms against 170 ms per step with other jobs running)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache

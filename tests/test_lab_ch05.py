@@ -11,18 +11,11 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-import torch
 
 from workbench.lab import ch05_batching as ch05
 from workbench.models import model_spec, random_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache

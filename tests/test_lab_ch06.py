@@ -12,20 +12,13 @@ from __future__ import annotations
 from functools import cache
 
 import pytest
-import torch
 
 from workbench.lab import ch06_quantization as ch06
 from workbench.lab import ch06_sweep
 from workbench.lab.ch06_activations import VARIANTS, capture_inputs
 from workbench.models import load_tokenizer, model_spec, random_model
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache

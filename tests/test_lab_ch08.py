@@ -7,26 +7,13 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-import workbench
 from workbench.lab import ch08_monitoring as ch08
 from workbench.lab.ch08_panels import FAULTS, GRID, dashboard_load
 from workbench.lab.common import model_label
 from workbench.monitoring.capacity import replicas_for
 
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return workbench.load_tokenizer("smollm2-135m")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 def test_seed_planning_and_prefill_floor():

@@ -11,7 +11,6 @@ from functools import cache
 
 import numpy as np
 import pytest
-import torch
 
 from workbench.bench.runner import LoadShape
 from workbench.config import CacheConfig, SchedulerConfig
@@ -21,13 +20,7 @@ from workbench.lab.ch05_runs import random_requests
 from workbench.models import model_spec, random_model
 from workbench.serve.launch import ServerThread
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache

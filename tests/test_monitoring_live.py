@@ -13,7 +13,6 @@ with it (seen in a run where the burst's backlog lasted to the end: with no gap 
 from __future__ import annotations
 
 import pytest
-import torch
 from monitoring_helpers import tiny_server
 
 from workbench.monitoring.alerts import ChangeAlert
@@ -24,12 +23,7 @@ RULE = ChangeAlert("p99 TTFT doubled", factor=2.0, baseline_s=3.0, gap_s=2.0, ho
 BURST_AT_S = 5.0
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 def run(fault: bool):

@@ -18,14 +18,7 @@ from workbench.metrics.step_ranges import STEP_RANGES, step_range
 from workbench.models import model_spec, random_model
 from workbench.monitoring.profiling import profile_steps
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices: one thread, as tests/test_engine_logic.py measured (two threads spin on a loaded machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache

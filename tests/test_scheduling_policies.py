@@ -11,7 +11,6 @@ from collections import deque
 from functools import cache
 
 import pytest
-import torch
 
 from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.block_manager import BlockManager
@@ -24,12 +23,7 @@ from workbench.models import model_spec, random_model
 BLOCK = 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache
