@@ -14,6 +14,11 @@ export WORKBENCH_CACHE ?= $(HOME)/.cache/kv-workbench
 MODEL_STAMP := $(WORKBENCH_CACHE)/smollm2-135m-instruct/workbench_provenance.json
 INSTALL_STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# The suite runs on two pytest-xdist workers, a whole file (or notebook) per worker at a time, the longest files
+# first, each worker with its share of the cores for torch (all in tests/conftest.py). TEST_WORKERS=0 runs it in
+# one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 .PHONY: setup model lab test test-fast lint bench clean docs docs-serve
 
@@ -37,10 +42,10 @@ lab: setup
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
 
 test: setup
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/pytest -m "not slow and not browser" $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m "not slow and not browser" $(PYTEST_ARGS)
 
 # The course site, from the stored notebooks (nothing is executed); offline: it fetches nothing at build or read
 # time. docs-serve serves it on http://127.0.0.1:8000 and rebuilds on change.

@@ -3,9 +3,17 @@ notebooks can be tested from any working directory (`pytest notebooks/ch02_kv_ca
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 SANITIZE_FILE = Path(__file__).with_name("nbval_sanitize.cfg")
+
+# Under pytest-xdist (`make test`), a notebook's kernel gets its worker's share of the cores, as in tests/conftest.py
+# (which sets it first when the whole suite runs; this covers `pytest -n 2 notebooks/`).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 
 def pytest_configure(config):

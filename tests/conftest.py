@@ -5,7 +5,20 @@ from __future__ import annotations
 
 import os
 
-import torch
+# `make test` runs the suite on pytest-xdist workers (see the Makefile). Each worker takes an equal share of the
+# cores for torch: two workers at two threads each on 2 cores spin against each other (see one_torch_thread
+# below for what spinning costs). Set in the environment before torch is imported, so that the kernels nbval and
+# JupyterLab start inherit the same share (notebooks/conftest.py does the same when only notebooks are run).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[_var] = str(max(1, _cores // _WORKERS))
+
+import torch  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # Without CUDA, Triton kernels run in its interpreter on CPU tensors. triton.jit reads this when a kernel is
 # defined (at import of its module), so it must be set before anything imports workbench_kernels.
@@ -45,7 +58,19 @@ def reference_model():
     return workbench.load_reference_model("smollm2-135m", dtype=torch.float32, device="cpu")
 
 
+# The longest files, handed out first under xdist (`--dist loadfile --no-loadscope-reorder` in the Makefile), so
+# that the short ones fill in at the end instead of one worker finishing a notebook alone: each notebook under
+# nbval (1-4 minutes on one thread), the browser and docs-site files (their Chromium and JupyterLab start-up).
+_LONG_FILES = ("test_browser.py", "test_docs_site.py")
+
+
+def _long_first(item) -> int:
+    return 0 if item.path.suffix == ".ipynb" else 1 if item.path.name in _LONG_FILES else 2
+
+
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_long_first)  # stable: cells and tests keep their order within a file
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")

@@ -50,9 +50,10 @@ def test_server_dashboard_grafana_and_stop(tokenizer):
     server.stop()  # idempotent
 
 
-def test_profile_capacity_exercises_takeaways(tokenizer):
+def test_profile_capacity_exercises_takeaways(tokenizer, tmp_path):
     model = ch08.serving_model()
-    profile = ch08.ProfileLab(model, tokenizer, steps=3)
+    # A trace of its own: the panel's default path in the temp dir is shared with a concurrent nbval run of ch08.
+    profile = ch08.ProfileLab(model, tokenizer, steps=3, trace_path=tmp_path / "trace.json")
     assert profile.profile.num_steps == 3 and profile.profile.trace_path.exists()
     assert 0.8 < profile.profile.coverage <= 1.05
     assert [caption for caption, _ in profile.stored_tables()] == ["time per range", "top operators by self CPU time"]
