@@ -67,8 +67,12 @@ def test_packed_cpu_matmuls_stay_close_to_plain_ones(real_model, plain_model, to
 
 @torch.inference_mode()
 def test_greedy_generation_is_token_identical_to_transformers(real_model, reference_model, tokenizer):
+    # Three of the seven short chat prompts and the long (~1.1 k-token) one: the other four short prompts took
+    # another minute on CI and exercise nothing the first three do not (same template, same lengths within ten
+    # tokens). Every token is still compared exactly, 64 of them per prompt.
     prompts = load_prompts("varied")
-    assert len(prompts) >= 8
+    assert len(prompts) >= 8 and len(encode_prompt(tokenizer, prompts[-1])) > 1000
+    prompts = prompts[:3] + prompts[-1:]
     full_length = 0
     for prompt in prompts:
         ids = encode_prompt(tokenizer, prompt)
@@ -78,7 +82,7 @@ def test_greedy_generation_is_token_identical_to_transformers(real_model, refere
         theirs = out[0, len(ids):].tolist()
         assert ours == theirs, f"diverged on {prompt[:40]!r}:\nours   {ours}\ntheirs {theirs}"
         full_length += len(ours) == 64
-    assert full_length >= 6, "most prompts should run the full 64 tokens, or the comparison is too short"
+    assert full_length >= 3, "most prompts should run the full 64 tokens, or the comparison is too short"
 
 
 SMALL_SHAPES = dict(intermediate_size=160, num_layers=2, head_dim=16, vocab_size=300,

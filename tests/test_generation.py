@@ -15,7 +15,8 @@ PROMPT = "Explain why the sky is blue."
 
 
 def test_no_cache_and_cached_greedy_tokens_are_identical(real_model, tokenizer):
-    for prompt in (PROMPT, "List five prime numbers.", "Write a limerick about a cat."):
+    # Two prompts (a third, of the same length and template, added ~15 s on 2 cores and nothing else).
+    for prompt in (PROMPT, "Write a limerick about a cat."):
         params = SamplingParams(max_tokens=24)
         cached = generate(real_model, tokenizer, prompt, params, use_cache=True)
         uncached = generate(real_model, tokenizer, prompt, params, use_cache=False)
@@ -25,14 +26,15 @@ def test_no_cache_and_cached_greedy_tokens_are_identical(real_model, tokenizer):
 
 def test_cached_path_is_faster(real_model, tokenizer):
     ids = encode_prompt(tokenizer, "Tell me about the history of computing. " * 25)  # ~250 tokens
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
     timings = {}
     for use_cache in (True, False):
         start = time.perf_counter()
         result = generate(real_model, tokenizer, ids, params, use_cache=use_cache)
         timings[use_cache] = time.perf_counter() - start
-        assert len(result.token_ids) == 24
-    # Without a cache every step re-runs ~250+ tokens; with one, a step runs 1 token.
+        assert len(result.token_ids) == 12
+    # Without a cache every step re-runs ~250+ tokens; with one, a step runs 1 token (12 steps: ~12x the work
+    # against ~2x, so the 1.5x margin stays wide).
     assert timings[True] * 1.5 < timings[False], timings
 
 
