@@ -26,9 +26,10 @@ from tqdm.auto import tqdm
 from workbench.cache.block_manager import BlockManager
 from workbench.cache.calibration import calibration_ids, fp8_scales
 from workbench.cache.paged import PagedKVCache
-from workbench.cache.sizing import kv_format_for, num_blocks_for
+from workbench.cache.sizing import ceil_div, kv_format_for, num_blocks_for
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.engine.bookkeeping import Bookkeeper
+from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.model_runner import ModelRunner
 from workbench.engine.outputs import RequestOutput
 from workbench.engine.requests import Request, RequestLimits, build_output, new_request
@@ -44,7 +45,9 @@ from workbench.spec.proposer import Proposer, build_proposer
 class LLMEngine:
     def __init__(self, model: LlamaModel, tokenizer=None, *, cache_config: CacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None, spec_config: SpecConfig | None = None,
-                 draft_model=None):
+                 draft_model=None, cuda_graphs: bool = True):
+        """``cuda_graphs``: on a CUDA model, replay captured graphs for pure decode steps
+        (`workbench.engine.cuda_graphs`); False launches every kernel eagerly. Ignored on the CPU."""
         self.model, self.tokenizer = model, tokenizer
         self.cache_config = cache_config or CacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
@@ -61,7 +64,13 @@ class LLMEngine:
         if spec_config is not None:
             self.proposer = build_proposer(spec_config, target=model, blocks=self.blocks, draft_model=draft_model)
         self.scheduler = Scheduler(self.scheduler_config, self.blocks)
-        self.runner = ModelRunner(model, self.cache, self.blocks, taps=self.proposer.taps if self.proposer else ())
+        taps = self.proposer.taps if self.proposer else ()
+        graphs = None
+        if cuda_graphs and model.device.type == "cuda":
+            width = min(num_blocks, ceil_div(model.spec.max_context, self.cache_config.block_size))
+            graphs = DecodeGraphs(model, self.cache, max_num_seqs=self.scheduler_config.max_num_seqs,
+                                  max_blocks_per_seq=width, taps=taps)
+        self.runner = ModelRunner(model, self.cache, self.blocks, taps=taps, graphs=graphs)
         self.metrics = MetricsRecorder()
         self.eos_ids = eos_token_ids(tokenizer) if tokenizer is not None else set()
         self.bookkeeper = Bookkeeper(self.scheduler, self.blocks, self.metrics, self.eos_ids, self.proposer)

@@ -17,6 +17,7 @@ from workbench.cache.block_manager import BlockManager
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch
+from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.scheduler import ScheduledSeq
 from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
@@ -45,12 +46,16 @@ class ForwardResult:
 
 
 class ModelRunner:
-    """``taps``: target layers whose residual a draft head reads (`workbench.spec.proposer.Proposer.taps`)."""
+    """``taps``: target layers whose residual a draft head reads (`workbench.spec.proposer.Proposer.taps`).
+    ``graphs``: captured decode forwards (`workbench.engine.cuda_graphs`, CUDA only) that pure decode batches
+    replay instead of launching every kernel; None runs every step eagerly."""
 
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, blocks: BlockManager, taps: tuple[int, ...] = ()):
+    def __init__(self, model: LlamaModel, cache: PagedKVCache, blocks: BlockManager, taps: tuple[int, ...] = (),
+                 graphs: DecodeGraphs | None = None):
         self.model, self.cache, self.blocks = model, cache, blocks
         self.device = model.device
         self.taps = tuple(taps)
+        self.graphs = graphs
 
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> ForwardResult:
@@ -76,7 +81,13 @@ class ModelRunner:
                 items.append(ItemRows(item, row, count, len(logit_rows), len(wanted)))
                 logit_rows += wanted
         with step_range("forward"):
-            attention = PagedAttention(self.cache, batch.metadata, self.model.attention_scale)
-            hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention, self.taps)
-            logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
+            if self.graphs is not None and self.graphs.can_run(batch):
+                hidden, tapped, all_logits = self.graphs.run(batch)
+                # The graph's outputs are overwritten by its next replay: keep copies.
+                hidden, tapped = hidden.clone(), None if tapped is None else tapped.clone()
+                logits = all_logits[logit_rows] if logit_rows else hidden.new_empty(0, 0)
+            else:
+                attention = PagedAttention(self.cache, batch.metadata, self.model.attention_scale)
+                hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention, self.taps)
+                logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
         return ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)

@@ -33,9 +33,18 @@ class RotaryEmbedding:
         self._cos, self._sin = self._cos.to(device), self._sin.to(device)
         return self
 
+    def reserve(self, max_positions: int) -> None:
+        """Make the tables cover ``0 .. max_positions-1`` now (a captured CUDA graph cannot grow them later)."""
+        if max_positions > self._cos.shape[0]:
+            self._build(max_positions, self._cos.device)
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin rows for ``positions`` ([T] int64), shaped [T, 1, head_dim] to broadcast over heads."""
-        if positions.numel() and int(positions.max()) >= self._cos.shape[0]:
+        """cos and sin rows for ``positions`` ([T] int64), shaped [T, 1, head_dim] to broadcast over heads.
+
+        Grows the tables when a position passes them, which reads the largest position back to the host; while
+        a CUDA graph is being captured that read is not allowed, and the graph's owner has called `reserve`."""
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()
+        if positions.numel() and not capturing and int(positions.max()) >= self._cos.shape[0]:
             self._build(max(int(positions.max()) + 1, 2 * self._cos.shape[0]), self._cos.device)
         cos = self._cos.index_select(0, positions).unsqueeze(1)
         sin = self._sin.index_select(0, positions).unsqueeze(1)
