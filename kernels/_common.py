@@ -54,6 +54,18 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def launch_knobs(num_warps: int | None, num_stages: int | None) -> dict[str, int]:
+    """Triton launch options the caller chose (None keeps Triton's default); checked here, not deep in Triton."""
+    knobs = {}
+    for name, value in (("num_warps", num_warps), ("num_stages", num_stages)):
+        if value is None:
+            continue
+        if not isinstance(value, int) or value < 1 or (name == "num_warps" and value & (value - 1)):
+            raise ValueError(f"{name} must be a positive integer (num_warps a power of two), got {value!r}")
+        knobs[name] = value
+    return knobs
+
+
 def is_interpreted(kernel) -> bool:
     """True when ``kernel`` was created under ``TRITON_INTERPRET=1`` and so runs on CPU tensors."""
     return HAS_TRITON and not isinstance(kernel, triton.runtime.jit.JITFunction)

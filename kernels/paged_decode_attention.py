@@ -28,6 +28,7 @@ from ._common import (
     check_unit_last_stride,
     dot_precision,
     is_interpreted,
+    launch_knobs,
     next_pow2_at_least,
     output_tensor,
     tl,
@@ -182,9 +183,11 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
                                   block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                                   kv_format: str = "auto", k_scale: torch.Tensor | None = None,
                                   v_scale: torch.Tensor | None = None, tile_size: int = DEFAULT_TILE,
-                                  num_splits: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton launcher of ``paged_decode_attention``; ``tile_size`` and ``num_splits`` are tuning knobs, ``out``
-    an optional preallocated output. Quantized caches are dequantized tile by tile in registers.
+                                  num_splits: int | None = None, num_warps: int | None = None,
+                                  num_stages: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton launcher of ``paged_decode_attention``; ``tile_size``, ``num_splits``, ``num_warps`` and
+    ``num_stages`` are tuning knobs (None: automatic / Triton's defaults), ``out`` an optional preallocated
+    output. Quantized caches are dequantized tile by tile in registers.
 
     ``num_splits=None`` picks flash-decoding splits from the SM count and the block table's width (not from the
     context lengths, which live on the device): a table much wider than the longest context wastes splits."""
@@ -218,6 +221,7 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
         HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size, BLOCK_G=next_pow2_at_least(group), BLOCK_D=block_d,
         TILE=tile_size, SPLIT_K=splits > 1, DOT_IN_FP32=_dot_in_fp32(query.dtype),
         DOT_PRECISION=dot_precision(query.dtype), **kv_kernel_args(kv_format, key_cache, value_cache, k_scale, v_scale),
+        **launch_knobs(num_warps, num_stages),
     )
     if splits > 1:
         _merge_splits_kernel[(num_seqs, num_heads)](

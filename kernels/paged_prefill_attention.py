@@ -31,6 +31,7 @@ from ._common import (
     check_unit_last_stride,
     dot_precision,
     is_interpreted,
+    launch_knobs,
     next_pow2_at_least,
     output_tensor,
     tl,
@@ -168,9 +169,11 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
                                    context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
                                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
                                    block_m: int = DEFAULT_BLOCK_M, tile_size: int = DEFAULT_TILE,
+                                   num_warps: int | None = None, num_stages: int | None = None,
                                    out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton launcher of ``paged_prefill_attention``; ``block_m`` and ``tile_size`` are tuning knobs, ``out`` an
-    optional preallocated output. Quantized caches are dequantized tile by tile in registers.
+    """Triton launcher of ``paged_prefill_attention``; ``block_m``, ``tile_size``, ``num_warps`` and
+    ``num_stages`` are tuning knobs (None: Triton's defaults), ``out`` an optional preallocated output.
+    Quantized caches are dequantized tile by tile in registers.
 
     ``query_start_loc[-1]`` must equal ``query.shape[0]``: it lives on the device, so it is not checked here."""
     scale = _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale,
@@ -198,6 +201,7 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
         HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_D=next_pow2_at_least(head_dim), TILE=tile_size, DOT_IN_FP32=_dot_in_fp32(query.dtype),
         DOT_PRECISION=dot_precision(query.dtype), **kv_kernel_args(kv_format, key_cache, value_cache, k_scale, v_scale),
+        **launch_knobs(num_warps, num_stages),
     )
     return out
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from workbench.engine.llm_engine import LLMEngine
@@ -45,7 +46,8 @@ class StepProfile:
 def _range_table(events, num_steps: int, step_ms: float) -> pd.DataFrame:
     totals = {name: [0, 0.0] for name in STEP_RANGES}
     for event in events:
-        if not event.name.startswith(PREFIX):
+        # On CUDA each range also appears as a device-side annotation of the same name: count the CPU one only.
+        if not event.name.startswith(PREFIX) or event.device_type != DeviceType.CPU:
             continue
         nested = sum(child.time_range.elapsed_us() for child in event.cpu_children if child.name.startswith(PREFIX))
         entry = totals[event.name[len(PREFIX):]]
