@@ -158,16 +158,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one configuration per kernel, fewer shapes")
     parser.add_argument("--json", default=None, help="write every row here")
+    parser.add_argument("--parts", default="decode,formats,prefill", help="which measurements to run")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("CUDA is not available: this benchmark measures the Triton kernels on a GPU only.")
         return
     import triton
 
+    parts = set(args.parts.split(","))
     peaks = measure_peaks()
     result = {"benchmark": "gpu_kernels", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": triton.__version__, "peaks": peaks, "decode": decode_rows(peaks, args.quick),
-              "formats": format_rows(args.quick), "prefill": prefill_rows(peaks, args.quick)}
+              "triton": triton.__version__, "peaks": peaks,
+              "decode": decode_rows(peaks, args.quick) if "decode" in parts else [],
+              "formats": format_rows(args.quick) if "formats" in parts else [],
+              "prefill": prefill_rows(peaks, args.quick) if "prefill" in parts else []}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"{result['device']}, torch {result['torch']}, triton {result['triton']}: copy {peaks['copy_GBps']} GB/s "
@@ -176,7 +180,7 @@ def main() -> None:
     for r in result["decode"]:
         print(f"  {r['seqs']:>4} x {r['context']:>6}  tile {r['tile']:>3} warps {r['num_warps']}  {r['ms']:8.4f} ms"
               f"  {r['GBps']:7.1f} GB/s  {r['pct_of_copy']:5.1f}% of copy")
-    print("decode, best per shape:")
+    print("decode, best per shape:" if result["decode"] else "")
     for r in _best(result["decode"], ("seqs", "context")):
         print(f"  {r['seqs']:>4} x {r['context']:>6}  tile {r['tile']} warps {r['num_warps']}: {r['GBps']} GB/s = "
               f"{r['pct_of_copy']}% of copy")

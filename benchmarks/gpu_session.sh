@@ -9,6 +9,7 @@
 #   kernels   benchmarks/bench_gpu_kernels.py (decode/prefill kernels against measured copy and matmul peaks)
 #   engine    benchmarks/bench_gpu_engine.py (8B- and 135M-shaped models, CUDA graphs off/on)
 #   realtests the real-model cases of tests/test_gpu_engine.py (after `model`)
+#   quanttests, formats   the quantized-KV kernel tests and the KV-format part of bench_gpu_kernels alone
 #   roofline  benchmarks/bench_roofline.py on CUDA (chapter 4's measurement, Llama-3-8B shape, bf16)
 #   stash1    keep the first half of the model's GGUF (.gpu1/part1) in /root/gguf
 #   model     join it with the second half (.gpu2/part2), install gguf from .whl, convert (workbench fetch)
@@ -35,6 +36,11 @@ step_tests() {
     timeout 330 "${PYTEST[@]}" -n 8 -m gpu tests/ -q --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 }
 step_realtests() { timeout 240 "${PYTEST[@]}" tests/test_gpu_engine.py -k real -q 2>&1 | tee "$OUT/gpu_realtests.log" | tail -15; }
+step_quanttests() {  # the quantized-KV kernels, CUDA graphs over fp8/int8 caches, and the profiler on CUDA
+    timeout 150 "${PYTEST[@]}" -n 8 -m gpu tests/test_kernel_quant_attention.py tests/test_kernel_quant.py \
+        tests/test_monitoring_profiling.py tests/test_gpu_engine.py -k "not real" -q 2>&1 | tee "$OUT/gpu_quanttests.log" | tail -8
+}
+step_formats() { timeout 100 $PY benchmarks/bench_gpu_kernels.py --parts formats --json "$OUT/gpu_formats.json" 2>&1 | tail -8; }
 step_kernels() { timeout 300 $PY benchmarks/bench_gpu_kernels.py --json "$OUT/gpu_kernels.json" 2>&1 | tee "$OUT/gpu_kernels.log" | tail -40; }
 step_engine() { timeout 200 $PY benchmarks/bench_gpu_engine.py --json "$OUT/gpu_engine.json" 2>&1 | tee "$OUT/gpu_engine.log"; }
 step_roofline() {
