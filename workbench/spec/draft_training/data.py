@@ -95,7 +95,7 @@ def target_outputs(target: LlamaModel, sequences: list[list[int]], *, top_k: int
 
 def build_samples(target: LlamaModel, tokenizer, prompts: list[str], max_tokens: int, *, taps: tuple[int, ...] = (),
                   sampled: int = 0, sampled_max_tokens: int | None = None, temperature: float = 0.8, seed: int = 0,
-                  progress: bool = True) -> list[DraftSample]:
+                  max_num_seqs: int = 128, progress: bool = True) -> list[DraftSample]:
     """The whole dataset: the engine's greedy answer to each prompt (first, in prompt order), then ``sampled``
     seeded answers per prompt at ``temperature`` (up to ``sampled_max_tokens``, default ``max_tokens``), then
     the target's features, tapped layers and top-k probabilities over each. Sampled answers are more data
@@ -106,7 +106,8 @@ def build_samples(target: LlamaModel, tokenizer, prompts: list[str], max_tokens:
     for i in range(sampled):
         params += [SamplingParams(max_tokens=sampled_max_tokens or max_tokens, temperature=temperature,
                                   seed=seed * 1_000_003 + i * len(prompts) + j) for j in range(len(prompts))]
-    pairs = generate_responses(target, tokenizer, prompts * (1 + sampled), params, progress=progress)
+    pairs = generate_responses(target, tokenizer, prompts * (1 + sampled), params, max_num_seqs=max_num_seqs,
+                               progress=progress)
     sequences = [p + r for p, r in pairs]
     samples = []
     chunks = [sequences[i:i + 16] for i in range(0, len(sequences), 16)]

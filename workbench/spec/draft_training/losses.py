@@ -33,6 +33,10 @@ class Batch:
     valid: torch.Tensor  # [B, L] bool
     response: torch.Tensor  # [B, L] bool
 
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(*(None if t is None else t.to(device, non_blocking=True) for t in (
+            self.tokens, self.features, self.top_ids, self.top_probs, self.tapped, self.valid, self.response)))
+
 
 def make_batch(samples: list[DraftSample]) -> Batch:
     n = max(len(s.tokens) for s in samples)
@@ -153,17 +157,18 @@ def eagle_loss(draft: DraftModule, lm_head: torch.Tensor, batch: Batch, unroll: 
                w: LossWeights) -> tuple[torch.Tensor, list[float]]:
     """Loss of an EAGLE head unrolled ``unroll`` steps; returns it and the top-1 agreement per step."""
     b, n = batch.tokens.shape
+    device = batch.tokens.device
     rows = n - 1  # row j reads (feature j, token j+1) and predicts feature j+1
-    ids, positions = batch.tokens[:, 1:].reshape(-1), torch.arange(rows).repeat(b)
+    ids, positions = batch.tokens[:, 1:].reshape(-1), torch.arange(rows, device=device).repeat(b)
     target_feats = batch.features[:, 1:].reshape(b * rows, -1)
     top_ids, top_probs = batch.top_ids[:, 1:].reshape(b * rows, -1), batch.top_probs[:, 1:].reshape(b * rows, -1)
     valid, response = batch.valid[:, 1:], batch.response[:, :-1]
     attention = UnrolledAttention(b, rows, draft.attention_scale)
     feats = draft.fuse_features(draft.target_source(batch)[:, :-1].reshape(b * rows, -1))
-    total, accs = torch.zeros(()), []
+    total, accs = torch.zeros((), device=device), []
     for step in range(unroll):
         pred = draft(ids, feats, positions, attention)
-        row_ok = (valid & (torch.arange(rows) >= step)).reshape(-1)
+        row_ok = (valid & (torch.arange(rows, device=device) >= step)).reshape(-1)
         loss, acc = _step_loss(draft, lm_head, pred, target_feats, row_ok, row_ok & response.reshape(-1),
                                top_ids, top_probs, w)
         total = total + w.step_decay ** step * loss
@@ -178,7 +183,7 @@ def layers_loss(draft: DraftModule, lm_head: torch.Tensor, batch: Batch, w: Loss
     """Loss of a token-only draft: its final hidden state at j should be the target's, and so its next token."""
     b, n = batch.tokens.shape
     attention = UnrolledAttention(b, n, draft.attention_scale)
-    pred = draft(batch.tokens.reshape(-1), torch.arange(n).repeat(b), attention)
+    pred = draft(batch.tokens.reshape(-1), torch.arange(n, device=batch.tokens.device).repeat(b), attention)
     valid = batch.valid.reshape(-1)
     loss, acc = _step_loss(draft, lm_head, pred, batch.features.reshape(b * n, -1), valid,
                            valid & batch.response.reshape(-1), batch.top_ids.reshape(b * n, -1),

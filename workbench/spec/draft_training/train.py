@@ -139,7 +139,7 @@ def train_draft(target: LlamaModel, samples: list[DraftSample], cfg: TrainConfig
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, len(plan), cfg)
         batch = make_batch([samples[i] for i in idx])
-        batch = batch if index is None else restrict_to_vocab(batch, index)
+        batch = (batch if index is None else restrict_to_vocab(batch, index)).to(lm_head.device)
         if cfg.kind == "eagle":
             loss, accs = eagle_loss(draft, lm_head, batch, cfg.unroll, cfg.weights)
         else:
@@ -181,12 +181,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "(0: the whole vocabulary)")
     p.add_argument("--data", default=None, help="reuse (or create) the generated training data at this .pt path")
     p.add_argument("--heldout-data", default=None, help="same, for the held-out responses")
+    p.add_argument("--device", default="cpu", help="where the target answers and the head trains (cpu, cuda)")
+    p.add_argument("--max-num-seqs", type=int, default=128,
+                   help="sequences the engine batches while answering the training prompts")
     return p.parse_args(argv)
 
 
 def _samples(target, tokenizer, prompt_set: str, max_tokens: int, cache: str | None, taps: tuple[int, ...],
              sampled: int = 0, sampled_max_tokens: int | None = None, temperature: float = 0.8,
-             seed: int = 0) -> list[DraftSample]:
+             seed: int = 0, max_num_seqs: int = 128) -> list[DraftSample]:
     """The greedy answers to ``prompt_set`` first, then ``sampled`` seeded sampled answers per prompt."""
     from pathlib import Path
 
@@ -195,7 +198,8 @@ def _samples(target, tokenizer, prompt_set: str, max_tokens: int, cache: str | N
     if cache and Path(cache).is_file():
         return add_taps(target, torch.load(cache, weights_only=False), taps)
     samples = build_samples(target, tokenizer, load_prompts(prompt_set), max_tokens, taps=taps, sampled=sampled,
-                            sampled_max_tokens=sampled_max_tokens, temperature=temperature, seed=seed)
+                            sampled_max_tokens=sampled_max_tokens, temperature=temperature, seed=seed,
+                            max_num_seqs=max_num_seqs)
     if cache:
         torch.save(samples, cache)
     return samples
@@ -208,12 +212,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     t0 = time.perf_counter()
     torch.manual_seed(args.seed)
-    target, tokenizer = workbench.load_model("smollm2-135m", dtype=torch.float32, device="cpu")
+    target, tokenizer = workbench.load_model("smollm2-135m", dtype=torch.float32, device=args.device)
     target.prepare()
     num_layers = args.num_layers or (1 if args.kind == "eagle" else 2)
     taps = (tuple(args.taps) if args.taps is not None else _DEFAULTS.taps) if args.kind == "eagle" else ()
     samples = _samples(target, tokenizer, "draft_train", args.max_tokens, args.data, taps, args.sampled_answers,
-                       args.sampled_max_tokens, args.temperature, args.seed)
+                       args.sampled_max_tokens, args.temperature, args.seed, args.max_num_seqs)
     data_s = time.perf_counter() - t0
     default_init = (29,) if args.kind == "eagle" else tuple(range(num_layers))
     init = tuple(args.init_layers) if args.init_layers else default_init
@@ -231,7 +235,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     from workbench.spec.draft_head import load_draft
 
     draft = load_draft(target, path)  # measure what was stored (float16), not the in-memory float32
-    heldout = _samples(target, tokenizer, "draft_heldout", args.max_tokens, args.heldout_data, taps)
+    heldout = _samples(target, tokenizer, "draft_heldout", args.max_tokens, args.heldout_data, taps,
+                       max_num_seqs=args.max_num_seqs)
     result = acceptance_on_samples(draft, heldout, k=4)
     summary = {"kind": cfg.kind, "num_layers": num_layers, "out": str(path), "bytes": path.stat().st_size,
                "train_samples": len(samples), "train_tokens": sum(len(s.tokens) for s in samples),
