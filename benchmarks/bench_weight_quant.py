@@ -7,7 +7,8 @@ throughput, and quality against fp32 weights + fp32 cache: KL, top-1 agreement a
 text, long-context recall. Batch-1 decode fp32 vs int8 is also measured in alternating rounds (the goal: >= 1.5x
 with top-1 agreement >= 0.95). Writes the table to datasets/eval/quant_sweep.json for chapter 6's notebook.
 
-    .venv/bin/python benchmarks/bench_weight_quant.py [--micro] [--rounds 3] [--recall-per-length 2] [--no-write]
+    .venv/bin/python benchmarks/bench_weight_quant.py [--batch1 | --micro] [--rounds 5]
+        [--recall-per-length 2] [--no-write]
 
 Sized for one run on the 2-core CPU: quality uses the whole held-out text (1,364 tokens), long-context recall
 2 items per length (1,024 and 2,048 tokens; each item is a 2K-token prefill, so 4 per length would add ~4
@@ -15,6 +16,9 @@ minutes), so a recall figure moves in steps of 0.5 (1 of 2 items). Each configur
 ~7 s, recall ~20 s, 32-request throughput ~40 s), the bf16 row ~3 minutes (its batched products are slow on a
 CPU without bf16 matrix units): ~15 minutes in all, measured on the shared machine. ``--recall-per-length 0``
 drops recall (~3 minutes less).
+
+``--batch1`` runs only the batch-1 comparison (~2 minutes): the alternating decode rounds and, for each int8
+format, KL and top-1 agreement against fp32 on the held-out text; it writes nothing.
 
 ``--micro`` prints only the linear-layer table behind the CPU kernel choice (fbgemm vs packed fp32 vs
 ``torch._weight_int8pack_mm`` vs torchao's int8 weight-only path when torchao is importable).
@@ -34,7 +38,14 @@ import torch
 import torch.nn.functional as F
 
 import workbench
-from workbench.lab.ch06_sweep import KV_FORMATS, decode_tokens_per_s, heldout_ids, measure_config, save_sweep
+from workbench.lab.ch06_sweep import (
+    KV_FORMATS,
+    decode_tokens_per_s,
+    heldout_ids,
+    measure_config,
+    quality_row,
+    save_sweep,
+)
 from workbench.models.cpu_linear import Linear
 from workbench.models.int8_linear import Int8Linear
 from workbench.quality.teacher_forcing import logits_through_cache
@@ -101,6 +112,22 @@ def alternating_decode(models: dict, tokenizer, rounds: int) -> dict[str, list[f
     return runs
 
 
+def batch1_summary(models: dict, tokenizer, rounds: int) -> dict:
+    """The goal's numbers: batch-1 decode rounds, median int8 / fp32 ratios, and each format's top-1 and KL."""
+    decode = alternating_decode({k: models[k] for k in ("fp32", "int8", "int8_all")}, tokenizer, rounds)
+    summary: dict = {"decode_rounds": decode}
+    for name in ("int8", "int8_all"):
+        summary[f"{name}_over_fp32_median"] = statistics.median(
+            b / a for a, b in zip(decode["fp32"], decode[name], strict=True))
+    return summary
+
+
+def batch1_quality(models: dict, tokenizer) -> dict:
+    ids = heldout_ids(tokenizer)
+    reference = logits_through_cache(models["fp32"], ids, "auto")
+    return {name: quality_row(models[name], tokenizer, "auto", reference, ids) for name in ("int8", "int8_all")}
+
+
 def sweep(models: dict, tokenizer, recall_per_length: int) -> pd.DataFrame:
     ids = heldout_ids(tokenizer)
     reference = logits_through_cache(models["fp32"], ids, "auto")
@@ -115,10 +142,23 @@ def sweep(models: dict, tokenizer, recall_per_length: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def print_batch1(summary: dict) -> None:
+    rounds = summary["decode_rounds"]
+    print("batch-1 decode tokens/s, alternating rounds: "
+          + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in runs) for k, runs in rounds.items()))
+    for name in ("int8", "int8_all"):
+        line = f"{name} / fp32 median {summary[f'{name}_over_fp32_median']:.2f}x"
+        if name in summary.get("quality", {}):
+            q = summary["quality"][name]
+            line += f", top-1 agreement {q['top1_agreement']:.3f}, KL {q['kl_mean']:.4f}"
+        print(line)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro", action="store_true", help="only the linear-layer kernel table")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating batch-1 decode rounds")
+    parser.add_argument("--batch1", action="store_true", help="only batch-1 decode speed and top-1 (writes nothing)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating batch-1 decode rounds")
     parser.add_argument("--recall-per-length", type=int, default=2)
     parser.add_argument("--no-write", action="store_true", help="do not update datasets/eval/quant_sweep.json")
     args = parser.parse_args()
@@ -129,16 +169,19 @@ def main() -> None:
         return
     fp32, tokenizer = workbench.load_model(device="cpu")
     models = {"fp32": fp32, "int8": workbench.load_model(device="cpu", weights="int8")[0],
-              "int8_all": workbench.load_model(device="cpu", weights="int8_all")[0],
-              "bf16": workbench.load_model(device="cpu", dtype=torch.bfloat16)[0]}
-    decode = alternating_decode({k: models[k] for k in ("fp32", "int8", "int8_all")}, tokenizer, args.rounds)
-    ratios = [b / a for a, b in zip(decode["fp32"], decode["int8"], strict=True)]
+              "int8_all": workbench.load_model(device="cpu", weights="int8_all")[0]}
+    if args.batch1:
+        summary = batch1_summary(models, tokenizer, args.rounds)
+        summary["quality"] = batch1_quality(models, tokenizer)
+        print_batch1(summary)
+        print(json.dumps({"benchmark": "weight_quant_batch1", "device": "cpu", "threads": torch.get_num_threads(),
+                          **summary}, default=float))
+        return
+    models["bf16"] = workbench.load_model(device="cpu", dtype=torch.bfloat16)[0]
+    summary = batch1_summary(models, tokenizer, args.rounds)
     table = sweep(models, tokenizer, args.recall_per_length)
-    summary = {"decode_rounds": decode, "int8_over_fp32_median": statistics.median(ratios),
-               "int8_all_over_fp32_median": statistics.median(
-                   b / a for a, b in zip(decode["fp32"], decode["int8_all"], strict=True))}
     print(table.to_string(float_format=lambda v: f"{v:.4g}"))
-    print(f"batch-1 decode, alternating rounds: {decode}; int8 / fp32 median {summary['int8_over_fp32_median']:.2f}x")
+    print_batch1(summary)
     if not args.no_write:
         save_sweep(table, summary)
     print(json.dumps({"benchmark": "weight_quant", "device": "cpu", "threads": torch.get_num_threads(), **summary,

@@ -20,9 +20,11 @@ from workbench.data import load_prompts
 from workbench.engine.llm_engine import LLMEngine
 from workbench.models.cpu_linear import Linear
 from workbench.models.int8_linear import (
+    RESCORE_TOP,
     Int8Linear,
     fbgemm_available,
     fbgemm_error_bound,
+    fbgemm_int8_linear,
     model_weight_bytes,
     quantize_model_weights,
     split_rows,
@@ -99,6 +101,39 @@ def test_fbgemm_product_is_within_its_bound_of_the_reference_and_of_the_float_la
         assert ((got - F.linear(x, layer.weight, layer.bias)).abs() <= bound + weight_rounding * (1 + 1e-5)).all()
         print(f"{out_features}x{in_features}: max |int8 - float| {float((got - layer(x)).abs().max()):.3g} "
               f"(largest output {float(layer(x).abs().max()):.3g})")
+
+
+@torch.inference_mode()
+def test_fused_split_is_exactly_the_split_rows_product():
+    # fbgemm_int8_linear writes split_rows' parts straight into fbgemm's input; it must be that product exactly.
+    quantized = Int8Linear.from_float(_layer(96, 576))
+    quantized.pack()
+    x = _inputs(5, 576)
+    coarse, fine, amax = split_rows(x)
+    out = torch.ops.quantized.linear_dynamic(torch.cat((coarse, fine, quantized._pin)), quantized._packed, True)
+    plain = out[:5].add(out[5:10], alpha=1 / 126).mul_(amax / 63)
+    assert torch.equal(fbgemm_int8_linear(x, quantized._packed, quantized._pin), plain)
+
+
+@torch.inference_mode()
+def test_int8_head_rescoring_makes_the_top_logits_exact_and_keeps_rows_independent():
+    model = quantize_model_weights(workbench.random_model("smollm2-135m", num_layers=1), "int8_all")
+    head, table = model.lm_head, model.embed_tokens.weight
+    assert head.rescore_top == RESCORE_TOP and head.weight is table
+    x = _inputs(6, table.shape[1]) * 0.05
+    got, exact = head(x), F.linear(x, table)
+    top = got.topk(RESCORE_TOP, dim=-1).indices
+    # The rescored entries are the float head's (to float32 rounding); the argmax is the float head's argmax
+    # whenever that is among the int8 head's top RESCORE_TOP, which these rows have by a wide margin.
+    assert torch.allclose(got.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.argmax(-1), exact.argmax(-1))
+    for i in (0, 5):
+        assert torch.equal(head(x[i: i + 1]), got[i: i + 1])
+    # Without rescoring, the rest of the row is the plain int8 product.
+    head.rescore_top = 0
+    plain = head(x)
+    rest = torch.ones_like(got, dtype=torch.bool).scatter_(1, top, False)
+    assert torch.equal(plain[rest], got[rest])
 
 
 def test_a_row_gets_the_same_result_alone_or_in_any_batch():

@@ -27,14 +27,25 @@ class PagedAttention:
         # On the CPU, where the decode rows' keys are is worked out once here, not once per layer (it cost more
         # than the attention itself at batch 1: 261 -> 43 us per layer at 200 keys).
         self._decode_plan = None
-        if d and not cache.key[0].is_cuda:
+        cpu = not cache.key[0].is_cuda
+        if d and cpu:
             self._decode_plan = decode_gather_plan(meta.block_tables[:d], meta.context_lens[:d], cache.block_size)
+        # A float cache on the CPU stores each layer's keys and values with one index_copy_ apiece into the flat
+        # slots: store_kv's general path redoes its slot arithmetic (and a padding check) on every layer, ~10
+        # operators that cost more than the copy at batch 1. Padding (slot -1) keeps the general path.
+        self._flat_slots = None
+        if cpu and cache.kv_format == "auto" and bool((meta.slot_mapping >= 0).all()):
+            self._flat_slots = meta.slot_mapping.long()
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta, d, cache = self.meta, self.meta.num_decode_seqs, self.cache
         key_cache, value_cache = cache.key[layer], cache.value[layer]
         fmt = {"kv_format": cache.kv_format, "k_scale": cache.key_scale[layer], "v_scale": cache.value_scale[layer]}
-        store_kv(k, v, key_cache, value_cache, meta.slot_mapping, **fmt)
+        if self._flat_slots is not None and k.dtype == key_cache.dtype and v.dtype == value_cache.dtype:
+            key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, self._flat_slots, k)
+            value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, self._flat_slots, v)
+        else:
+            store_kv(k, v, key_cache, value_cache, meta.slot_mapping, **fmt)
         if d == meta.num_seqs:
             return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale,
                                           **fmt, cpu_plan=self._decode_plan)

@@ -9,7 +9,10 @@ The format (`workbench_kernels.int8_matmul`): int8 values, one float32 scale per
     auto      every weight in the model's dtype
     int8      every linear layer of the decoder (q/k/v, o, gate/up, down) in int8; the LM head stays in the
               model's dtype, as serving engines' int8 recipes leave it: its rows are the logits
-    int8_all  the LM head too (measured on the held-out text, top-1 agreement with fp32 fell from 0.961 to 0.941)
+    int8_all  the LM head too; a tied head recomputes its 16 largest logits per token from the float table the
+              embedding keeps (`Int8Linear.rescore_top`): without that, top-1 agreement with fp32 on the held-out
+              text fell from 0.961 to 0.941; the int8 head alone, on fp32 hidden states, kept the argmax on 96%
+              of positions and had it within its top 3 on all of them
 
 Embeddings and norm gains always stay in the model's dtype: a lookup reads one row per token.
 
@@ -27,8 +30,10 @@ The products:
 Why fbgemm (microseconds at SmolLM2 shapes, 2-core AVX2 CPU, one thread; `bench_weight_quant.py --micro`):
 ``torch._weight_int8pack_mm``, which torchao 0.18's int8 weight-only CPU path calls, has no fast kernel without
 AVX-512 and ran 5-25x slower than the packed fp32 product; torchao's own path ran 0.5-0.9x of it (and 0.1x on
-the LM head); fbgemm ran 1.8-3x faster at 1-32 rows. The quantized-tensor API fbgemm's packing needs is
-deprecated in torch 2.13; when it goes, `Int8Linear.pack` falls back to the reference and ``path`` says so.
+the LM head); fbgemm ran 1.8-3x faster at 1-32 rows. oneDNN's int8 product (``torch.ops.onednn.qlinear_pointwise``,
+fed the same split rows as uint8) was exact too but 2-3x slower than fbgemm at 1-2 rows (3072x576). The
+quantized-tensor API fbgemm's packing needs is deprecated in torch 2.13; when it goes, `Int8Linear.pack` falls
+back to the reference and ``path`` says so.
 """
 
 from __future__ import annotations
@@ -42,8 +47,12 @@ from torch import nn
 from workbench_kernels.int8_matmul import SCALE_FLOOR, int8_matmul, int8_matmul_reference, quantize_per_channel
 
 WEIGHT_FORMATS = ("auto", "int8", "int8_all")
+# An int8 LM head's largest logits per row recomputed from the float table (tied heads keep it for the lookup):
+# on the held-out text the float argmax was among the int8 head's top 3 on every one of 1,024 positions.
+RESCORE_TOP = 16
 COARSE_LEVELS = 63  # |coarse| <= 63: with the pin row, fbgemm's grid is exactly the integers -64..63
 FINE_LEVELS = 126  # the remainder, within half a coarse step, scaled to integers in [-63, 63]
+_COARSE, _FINE = torch.tensor(float(COARSE_LEVELS)), torch.tensor(float(FINE_LEVELS))  # see fbgemm_int8_linear
 
 
 def check_weight_format(weights: str) -> str:
@@ -71,11 +80,23 @@ def pin_row(in_features: int) -> torch.Tensor:
 
 
 def fbgemm_int8_linear(x: torch.Tensor, packed, pin: torch.Tensor) -> torch.Tensor:
-    """``x @ (q * s).T`` through fbgemm for float32 x [M, K]: 2M + 1 integer rows in one call, recombined."""
+    """``x @ (q * s).T`` through fbgemm for float32 x [M, K]: 2M + 1 integer rows in one call, recombined.
+
+    `split_rows`, written straight into the rows fbgemm reads: at batch 1 a decode step makes 120 of these calls,
+    and each PyTorch operator costs a few microseconds however small its tensor, so the split is done in as few
+    operators as it can be (no intermediate tensors, no concatenation)."""
     m = x.shape[0]
-    coarse, fine, amax = split_rows(x)
-    out = torch.ops.quantized.linear_dynamic(torch.cat((coarse, fine, pin)), packed, True)
-    return out[:m].add_(out[m: 2 * m], alpha=1.0 / FINE_LEVELS).mul_(amax.div_(COARSE_LEVELS))
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(SCALE_FLOOR)
+    rows = torch.empty(2 * m + 1, x.shape[1])
+    coarse, fine = rows[:m], rows[m: 2 * m]
+    # 0-dim tensor constants: a Python number in an in-place op is first wrapped and converted to a tensor,
+    # measured 9-11 us per op against 3 us with a ready tensor (torch 2.13, this CPU).
+    torch.div(x, amax, out=fine).mul_(_COARSE)  # the scaled row, until the coarse part is taken out
+    torch.round(fine, out=coarse)
+    fine.sub_(coarse).mul_(_FINE).round_()
+    rows[2 * m:] = pin
+    out = torch.ops.quantized.linear_dynamic(rows, packed, True)
+    return torch.add(out[:m], out[m: 2 * m], alpha=1.0 / FINE_LEVELS).mul_(amax.div_(_COARSE))
 
 
 def fbgemm_error_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -116,7 +137,14 @@ def fbgemm_available() -> bool:
 class Int8Linear(nn.Module):
     """A linear layer with int8 weights and per-output-channel scales. ``qweight`` and ``scale`` are the weights;
     the fbgemm packing is derived from them by `pack`. ``path`` names the product a call on the weights' device
-    uses: ``fbgemm``, ``triton`` or ``reference``."""
+    uses: ``fbgemm``, ``triton`` or ``reference``.
+
+    An LM head that also holds its float ``weight`` (a tied head: the embedding lookup keeps the table) and has
+    ``rescore_top = k`` recomputes each row's k largest int8 outputs from the float rows: the int8 product picks
+    the candidates (reading a quarter of the bytes), the float rows decide among them, so the argmax is the float
+    head's whenever it is among the k, at the cost of k rows per token."""
+
+    rescore_top = 0  # > 0: a head whose largest outputs are recomputed in float (`quantize_model_weights`)
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
@@ -152,11 +180,31 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None or x.device.type != "cpu":
-            return int8_matmul(x, self.qweight, self.scale, self.bias)  # Triton on CUDA, else the reference
-        out = fbgemm_int8_linear(x.reshape(-1, self.in_features).float(), self._packed, self._pin).to(x.dtype)
+            out = int8_matmul(x, self.qweight, self.scale, self.bias)  # Triton on CUDA, else the reference
+        else:
+            rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
+            out = fbgemm_int8_linear(rows if rows.dtype == torch.float32 else rows.float(), self._packed, self._pin)
+            if x.dtype != torch.float32:
+                out = out.to(x.dtype)
+            if self.bias is not None:
+                out = out.add_(self.bias)
+            if x.dim() != 2:
+                out = out.reshape(*x.shape[:-1], self.out_features)
+        if self.rescore_top and "weight" in self._parameters:
+            out = self._rescore(x, out)
+        return out
+
+    def _rescore(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Recompute each row's ``rescore_top`` largest outputs exactly from the float ``weight`` (see the class)."""
+        rows, flat = x.reshape(-1, self.in_features), out.view(-1, self.out_features)
+        top = flat.topk(min(self.rescore_top, self.out_features), dim=-1).indices  # [M, top]
+        # A product and a sum over the last dimension, not bmm: bmm's summation order depends on the batch size,
+        # and a row's logits must not depend on which rows share its batch.
+        exact = (self.weight[top].to(rows.dtype) * rows[:, None, :]).sum(-1)  # [M, top]
         if self.bias is not None:
-            out = out.add_(self.bias)
-        return out.reshape(*x.shape[:-1], self.out_features)
+            exact = exact + self.bias[top]
+        flat.scatter_(-1, top, exact.to(flat.dtype))
+        return out
 
 
 def quantize_model_weights(model: nn.Module, weights: str = "int8") -> nn.Module:
@@ -177,6 +225,7 @@ def quantize_model_weights(model: nn.Module, weights: str = "int8") -> nn.Module
                 setattr(parent, name, quantized)
     if weights == "int8_all" and head is not None and getattr(model.spec, "tie_word_embeddings", False):
         model.lm_head.weight = model.embed_tokens.weight
+        model.lm_head.rescore_top = RESCORE_TOP
     model.weight_format = weights
     return model
 
