@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from nbval.plugin import IPyNbCell
+
 SANITIZE_FILE = Path(__file__).with_name("nbval_sanitize.cfg")
 
 # Under pytest-xdist (`make test`), a notebook's kernel gets its worker's share of the cores, as in tests/conftest.py
@@ -14,6 +16,23 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if _WORKERS > 1:
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_var, str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
+
+
+def _sanitize_nested(sanitize_string):
+    """nbval applies the sanitize file's regexes to string outputs only; a plotly figure's output is a JSON dict,
+    whose strings (a title's "CPU (2 threads)") it compared raw. Apply them to every string inside as well."""
+
+    def sanitize(self, value):
+        if isinstance(value, dict):
+            return {key: sanitize(self, item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [sanitize(self, item) for item in value]
+        return sanitize_string(self, value)
+
+    return sanitize
+
+
+IPyNbCell.sanitize = _sanitize_nested(IPyNbCell.sanitize)
 
 
 def pytest_configure(config):
