@@ -24,6 +24,8 @@ The products:
   row enters as two exact integer rows, a coarse one and its remainder (`split_rows`): the weights are still
   read once per call, the integer products are exact, and the result is the weight-only product to about 14
   bits of each row's maximum. Rows never share a scale, so a row's result does not depend on its batch.
+  The split and the call run inside TorchScript (`_scripted`): at batch 1 the ~12 small operators around each
+  of a step's 120 fbgemm calls cost more from Python than the products' arithmetic.
 * **CUDA**: a Triton kernel that converts int8 tiles in registers (`workbench_kernels.int8_matmul`).
 * anywhere else, or when fbgemm is missing or fails its probe: the reference (dequantize, then ``F.linear``).
 
@@ -33,7 +35,8 @@ AVX-512 and ran 5-25x slower than the packed fp32 product; torchao's own path ra
 the LM head); fbgemm ran 1.8-3x faster at 1-32 rows. oneDNN's int8 product (``torch.ops.onednn.qlinear_pointwise``,
 fed the same split rows as uint8) was exact too but 2-3x slower than fbgemm at 1-2 rows (3072x576). The
 quantized-tensor API fbgemm's packing needs is deprecated in torch 2.13; when it goes, `Int8Linear.pack` falls
-back to the reference and ``path`` says so.
+back to the reference and ``path`` says so; TorchScript is deprecated too, and without it the same split runs
+as plain Python, slower.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ WEIGHT_FORMATS = ("auto", "int8", "int8_all")
 RESCORE_TOP = 16
 COARSE_LEVELS = 63  # |coarse| <= 63: with the pin row, fbgemm's grid is exactly the integers -64..63
 FINE_LEVELS = 126  # the remainder, within half a coarse step, scaled to integers in [-63, 63]
-_COARSE, _FINE = torch.tensor(float(COARSE_LEVELS)), torch.tensor(float(FINE_LEVELS))  # see fbgemm_int8_linear
+_COARSE, _FINE = torch.tensor(float(COARSE_LEVELS)), torch.tensor(float(FINE_LEVELS))  # see _split_product
 
 
 def check_weight_format(weights: str) -> str:
@@ -65,38 +68,79 @@ def split_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     """Each row of x [M, K] as ``amax / 63 * (coarse + fine / 126)`` with integer-valued coarse and fine rows in
     [-63, 63]. Returns ``(coarse, fine, amax)``; the two-part form is within ``amax / 15876`` of x."""
     amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(SCALE_FLOOR)
-    scaled = x.div(amax).mul_(COARSE_LEVELS)
+    scaled = x / (amax / COARSE_LEVELS)  # this order of operations is `fbgemm_int8_linear`'s, bit for bit
     coarse = scaled.round()
     fine = scaled.sub_(coarse).mul_(FINE_LEVELS).round_()
     return coarse, fine, amax
 
 
-def pin_row(in_features: int) -> torch.Tensor:
-    """fbgemm picks its activation grid from the tensor's min and max over 7 bits (``reduce_range``): a row holding
-    -64 and 63 makes the step exactly 1 and the zero point exactly 64, so integer inputs are quantized exactly."""
-    row = torch.zeros(1, in_features)
-    row[0, 0], row[0, 1] = float(COARSE_LEVELS), -float(COARSE_LEVELS + 1)
-    return row
+def pin_rows(in_features: int) -> torch.Tensor:
+    """fbgemm's input for a one-row product [3, K]: a coarse and a fine row, then the *pin* row.
+
+    fbgemm picks its activation grid from the tensor's min and max over 7 bits (``reduce_range``): a row holding
+    -64 and 63 makes the step exactly 1 and the zero point exactly 64, so integer inputs are quantized exactly.
+    The first two rows are overwritten by every one-row product (`fbgemm_int8_linear`)."""
+    rows = torch.zeros(3, in_features)
+    rows[2, 0], rows[2, 1] = float(COARSE_LEVELS), -float(COARSE_LEVELS + 1)
+    return rows
 
 
-def fbgemm_int8_linear(x: torch.Tensor, packed, pin: torch.Tensor) -> torch.Tensor:
-    """``x @ (q * s).T`` through fbgemm for float32 x [M, K]: 2M + 1 integer rows in one call, recombined.
-
-    `split_rows`, written straight into the rows fbgemm reads: at batch 1 a decode step makes 120 of these calls,
-    and each PyTorch operator costs a few microseconds however small its tensor, so the split is done in as few
-    operators as it can be (no intermediate tensors, no concatenation)."""
+def _split_product(x: torch.Tensor, packed: torch.classes.quantized.LinearPackedParamsBase, rows1: torch.Tensor,
+                   bias: torch.Tensor | None, coarse_levels: torch.Tensor, fine_levels: torch.Tensor,
+                   floor: float = SCALE_FLOOR, inverse_fine: float = 1.0 / FINE_LEVELS) -> torch.Tensor:
+    # The levels come as 0-dim tensors: a Python number in a tensor operator is first wrapped into a tensor and
+    # converted, three extra operators each time. The floats are arguments because TorchScript reads no globals.
     m = x.shape[0]
-    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(SCALE_FLOOR)
-    rows = torch.empty(2 * m + 1, x.shape[1])
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=-1, keepdim=True).clamp_min_(floor)
+    step = amax / coarse_levels  # [m, 1]: the coarse row's unit
+    if m == 1:  # decode at batch 1: the layer's own buffer, pin row already in place
+        rows = rows1
+    else:
+        rows = torch.empty(2 * m + 1, x.shape[1])
+        rows[2 * m:] = rows1[2:]
     coarse, fine = rows[:m], rows[m: 2 * m]
-    # 0-dim tensor constants: a Python number in an in-place op is first wrapped and converted to a tensor,
-    # measured 9-11 us per op against 3 us with a ready tensor (torch 2.13, this CPU).
-    torch.div(x, amax, out=fine).mul_(_COARSE)  # the scaled row, until the coarse part is taken out
+    torch.div(x, step, out=fine)  # the scaled row, until the coarse part is taken out
     torch.round(fine, out=coarse)
-    fine.sub_(coarse).mul_(_FINE).round_()
-    rows[2 * m:] = pin
+    fine.sub_(coarse).mul_(fine_levels).round_()
     out = torch.ops.quantized.linear_dynamic(rows, packed, True)
-    return torch.add(out[:m], out[m: 2 * m], alpha=1.0 / FINE_LEVELS).mul_(amax.div_(_COARSE))
+    out = torch.add(out[:m], out[m: 2 * m], alpha=inverse_fine).mul_(step)
+    if bias is not None:
+        out.add_(bias)
+    return out
+
+
+def _scripted(fn):
+    """``fn`` compiled by TorchScript, or ``fn`` itself where TorchScript is gone or fails.
+
+    Why TorchScript, though torch 2.13 marks it deprecated: the split is ~16 operators on tensors of a few hundred
+    numbers, so what it costs is the per-operator Python dispatch, ~4 us each on this CPU; the TorchScript
+    interpreter runs the same operators without it. Measured at 1 x 576 -> 576 (2 threads): 98 us per product
+    in Python, 54 us scripted, 36 us for fbgemm's call alone; 120 products per decode step make that ~5 ms per
+    step. ``torch.compile`` was slower still (154 us: its guards and wrapper per call). Same operators, same
+    results, bit for bit (`tests/test_int8_weights.py`)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated.*")
+            return torch.jit.script(fn)
+    except Exception:  # noqa: BLE001 - any failure to compile leaves the plain Python function, which is correct
+        return fn
+
+
+@functools.cache
+def _split_product_scripted():
+    return _scripted(_split_product)
+
+
+def fbgemm_int8_linear(x: torch.Tensor, packed, rows1: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (q * s).T + bias`` through fbgemm for float32 x [M, K]: 2M + 1 integer rows in one call, recombined.
+
+    `split_rows`, written straight into the rows fbgemm reads (no intermediate tensors, no concatenation), the
+    whole of it run by TorchScript (`_scripted`): at batch 1 a decode step makes 120 of these calls, and in
+    Python each small operator costs more than its arithmetic. ``rows1`` is the layer's `pin_rows` buffer: a
+    one-row product writes into it (so one layer must not run in two threads at once), a larger one copies its
+    pin row."""
+    return _split_product_scripted()(x, packed, rows1, bias, _COARSE, _FINE)
 
 
 def fbgemm_error_bound(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -126,7 +170,7 @@ def fbgemm_available() -> bool:
     q, scale = quantize_per_channel(torch.randn(24, 40, generator=gen))
     probe = torch.randn(5, 40, generator=gen) * torch.logspace(-2, 2, 5)[:, None]  # rows of very different size
     try:
-        got = fbgemm_int8_linear(probe, _prepack(q, scale), pin_row(40))
+        got = fbgemm_int8_linear(probe, _prepack(q, scale), pin_rows(40))
     except (RuntimeError, NotImplementedError, AttributeError):
         return False
     want = int8_matmul_reference(probe, q, scale)
@@ -152,7 +196,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", q)
         self.register_buffer("scale", scale.float())
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-        self._packed = self._pin = None
+        self._packed = self._rows1 = None
 
     @classmethod
     def from_float(cls, linear: nn.Linear) -> Int8Linear:
@@ -174,22 +218,20 @@ class Int8Linear(nn.Module):
 
     def pack(self) -> None:
         """Pack for fbgemm on the CPU when fbgemm passes its probe (`fbgemm_available`), else use the reference."""
-        self._packed = self._pin = None
+        self._packed = self._rows1 = None
         if self.qweight.device.type == "cpu" and self.in_features >= 2 and fbgemm_available():
-            self._packed, self._pin = _prepack(self.qweight, self.scale), pin_row(self.in_features)
+            self._packed, self._rows1 = _prepack(self.qweight, self.scale), pin_rows(self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._packed is None or x.device.type != "cpu":
+        # The engine's case first and with as few checks as possible: 120 calls per decode step.
+        if self._packed is not None and x.dim() == 2 and x.dtype == torch.float32 and not x.is_cuda:
+            out = fbgemm_int8_linear(x, self._packed, self._rows1, self.bias)
+        elif self._packed is None or x.device.type != "cpu":
             out = int8_matmul(x, self.qweight, self.scale, self.bias)  # Triton on CUDA, else the reference
-        else:
-            rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
-            out = fbgemm_int8_linear(rows if rows.dtype == torch.float32 else rows.float(), self._packed, self._pin)
-            if x.dtype != torch.float32:
-                out = out.to(x.dtype)
-            if self.bias is not None:
-                out = out.add_(self.bias)
-            if x.dim() != 2:
-                out = out.reshape(*x.shape[:-1], self.out_features)
+        else:  # fbgemm, for other shapes and dtypes
+            rows = x.reshape(-1, self.in_features).float()
+            out = fbgemm_int8_linear(rows, self._packed, self._rows1, self.bias)
+            out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         if self.rescore_top and "weight" in self._parameters:
             out = self._rescore(x, out)
         return out
