@@ -61,7 +61,8 @@ def test_figure_bundle_carries_a_real_png():
     image = Image.open(io.BytesIO(png)).convert("RGB")
     assert image.size == (1000, 300)  # plotly's default width, the figure's height
     # The bars were drawn: plotly's first colour (#636efa) covers a good share of the picture, not a blank page.
-    bar_pixels = sum(1 for r, g, b in image.getdata() if abs(r - 0x63) < 8 and abs(g - 0x6E) < 8 and b > 0xF0)
+    pixels = image.get_flattened_data() if hasattr(image, "get_flattened_data") else image.getdata()  # Pillow 12+
+    bar_pixels = sum(1 for r, g, b in pixels if abs(r - 0x63) < 8 and abs(g - 0x6E) < 8 and b > 0xF0)
     assert bar_pixels > 0.1 * image.size[0] * image.size[1]
 
 
