@@ -9,9 +9,11 @@ benchmarks/bench_weight_quant.py measure those).
 
 from __future__ import annotations
 
+import json
 from functools import cache
 
 import pytest
+import torch
 
 from workbench.lab import ch06_quantization as ch06
 from workbench.lab import ch06_sweep
@@ -115,6 +117,8 @@ def test_sweep_round_trips_through_its_file_and_feeds_the_closing_table(tmp_path
         ch06.load_sweep(tmp_path / "absent.json")
     path = tmp_path / "sweep.json"
     ch06_sweep.save_sweep(frame, {"int8_over_fp32_median": 1.0}, path)
+    machine = json.loads(path.read_text())["meta"]["machine"]  # the int8/fp32 ratio depends on it: ISA, threads
+    assert torch.backends.cpu.get_cpu_capability() in machine and f"{torch.get_num_threads()} threads" in machine
     lab = ch06.SweepLab(path=path)
     assert "CACHED" in lab.figure.layout.title.subtitle.text
     table = lab.layered_table()

@@ -14,8 +14,8 @@ from workbench.lab.ch06_panels import (
                                        weight_variant,
 )
 from workbench.lab.ch06_summary import A100_TBPS, EXERCISES, H100_TBPS, seed_checks, seed_hierarchy, takeaways
-from workbench.lab.ch06_sweep import SWEEP_COMMAND, SWEEP_PATH, load_sweep
+from workbench.lab.ch06_sweep import SWEEP_COMMAND, SWEEP_PATH, describe_cpu, load_sweep
 
 __all__ = ["A100_TBPS", "EXERCISES", "H100_TBPS", "SWEEP_COMMAND", "SWEEP_PATH", "ActivationLab", "KVFormatLab",
-           "SweepLab", "WeightFormatLab", "hierarchy_table", "kv_breakdown", "load_sweep", "seed_checks",
-           "seed_hierarchy", "takeaways", "weight_formats", "weight_variant"]
+           "SweepLab", "WeightFormatLab", "describe_cpu", "hierarchy_table", "kv_breakdown", "load_sweep",
+           "seed_checks", "seed_hierarchy", "takeaways", "weight_formats", "weight_variant"]

@@ -114,11 +114,28 @@ def measure_config(model, tokenizer, kv_format: str, reference: torch.Tensor, id
     return row
 
 
+def describe_cpu() -> str:
+    """The CPU the speeds were measured on: architecture, model, threads, the vector ISA PyTorch's kernels use
+    and the last-level cache. The int8/fp32 ratio depends on the last two: fbgemm's int8 kernels use AVX-512 VNNI
+    where present, and SmolLM2's int8 decoder weights (106 MB) fit in a large L3 while its fp32 ones do not."""
+    model = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        model = names[0] if names else model
+    parts = [platform.machine(), model, f"{torch.get_num_threads()} threads", torch.backends.cpu.get_cpu_capability()]
+    llc = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    if llc.is_file():
+        size = llc.read_text().strip()  # e.g. "266240K"
+        parts.append(f"L3 {int(size[:-1]) // 1024} MiB" if size.endswith("K") else f"L3 {size}")
+    return ", ".join(p for p in parts if p)
+
+
 def save_sweep(frame: pd.DataFrame, extra: dict, path: Path = SWEEP_PATH) -> None:
     """Write the sweep with what made it (command, date, machine), for the notebook to load and label."""
     meta = {"command": SWEEP_COMMAND, "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__,
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, "
-                       f"{torch.backends.cpu.get_cpu_capability()}", **extra}
+            "machine": describe_cpu(), **extra}
     rows = frame.reset_index(drop=True).to_dict(orient="records")
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=float) + "\n")
 
