@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import shutil
+import threading
+import time
 
 import ipywidgets as widgets
 import pandas as pd
@@ -15,7 +17,7 @@ from PIL import Image
 
 from workbench.lab.common import LabPanel
 from workbench.lab.exercises import Exercise
-from workbench.lab.stored import PLOTLY_MIME, figure_bundle, html_bundle, table_bundle
+from workbench.lab.stored import PLOTLY_MIME, PngExport, figure_bundle, html_bundle, table_bundle
 
 
 class SquaresPanel(LabPanel):
@@ -88,3 +90,31 @@ def test_exercise_checks_numbers_strings_and_unanswered():
     assert close.check(1.68).correct and not close.check(2.0).correct
     with pytest.raises(ValueError, match="function"):
         Exercise("q", 3, why="")
+
+
+def test_png_export_without_a_browser_says_so_at_once(monkeypatch, capsys):
+    # kaleido's own server would wait forever here: its thread dies on the missing browser.
+    monkeypatch.setenv("BROWSER_PATH", "/nonexistent/chromium")
+    monkeypatch.delenv("WORKBENCH_REQUIRE_PNG", raising=False)
+    export, start = PngExport(), time.perf_counter()
+    assert export(go.Figure(go.Scatter(y=[1, 2]))) is None
+    assert time.perf_counter() - start < 5 and "BROWSER_PATH='/nonexistent/chromium'" in export.skipped_because
+    assert "PNG copies of figures are skipped" in capsys.readouterr().out
+    assert export(go.Figure()) is None  # said once, then quiet
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("WORKBENCH_REQUIRE_PNG", "1")  # refresh_outputs.py: a stored notebook needs its PNGs
+    with pytest.raises(RuntimeError, match="install Chromium"):
+        PngExport()(go.Figure())
+
+
+def test_png_export_gives_up_on_a_server_that_never_answers(monkeypatch):
+    monkeypatch.delenv("WORKBENCH_REQUIRE_PNG", raising=False)
+    never = threading.Event()
+    export = PngExport()
+    export.FIRST_IMAGE_TIMEOUT_S = 0.5
+    monkeypatch.setattr(export, "_start", lambda: None)
+    monkeypatch.setattr(export, "_render", lambda fig: never.wait())
+    start = time.perf_counter()
+    assert export(go.Figure()) is None
+    assert time.perf_counter() - start < 5 and export.skipped_because.startswith("TimeoutError")
+    never.set()

@@ -10,7 +10,9 @@ PNGs come from plotly's own static export, kaleido, which drives an installed Ch
 browser session serves every figure of a notebook (the first image takes seconds while it starts, later ones
 ~0.3 s). Without a browser the live panels still work and say once that the PNG fallback is skipped; with
 ``WORKBENCH_REQUIRE_PNG=1`` (set by ``notebooks/refresh_outputs.py``) a missing browser is an error, so a stored
-notebook can never carry a figure without its PNG.
+notebook can never carry a figure without its PNG. kaleido itself does not say so: its server thread dies on a
+missing browser and every request then waits forever, so the browser is looked for first and the first image
+has a deadline (`PngExport`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import io
 import itertools
 import json
 import os
+import threading
 import warnings
 
 import pandas as pd
@@ -38,8 +41,11 @@ _div_ids = itertools.count()
 class PngExport:
     """One kaleido browser session for the whole process, started on first use and stopped at exit."""
 
+    # The first image starts the browser (seconds); past this, kaleido's server is taken for dead.
+    FIRST_IMAGE_TIMEOUT_S = 120.0
+
     def __init__(self) -> None:
-        self.started = False
+        self.started = self.answered = False
         self.skipped_because: str | None = None
 
     def __call__(self, fig: go.Figure) -> bytes | None:
@@ -47,10 +53,7 @@ class PngExport:
             return None
         try:
             self._start()
-            with warnings.catch_warnings():
-                # plotly passes its default options along, which a running kaleido server ignores (and says so).
-                warnings.simplefilter("ignore", UserWarning)
-                image = fig.to_image(format="png", width=PNG_WIDTH, height=fig.layout.height or 450)
+            image = self._render(fig) if self.answered else self._first_render(fig)
         except Exception as error:  # kaleido raises its own types for a missing browser; all mean the same here
             reason = f"{type(error).__name__}: {error}".strip()
             if os.environ.get(REQUIRE_PNG_ENV) == "1":
@@ -62,14 +65,60 @@ class PngExport:
             return None
         return compact_png(image)
 
+    @staticmethod
+    def _render(fig: go.Figure) -> bytes:
+        with warnings.catch_warnings():
+            # plotly passes its default options along, which a running kaleido server ignores (and says so).
+            warnings.simplefilter("ignore", UserWarning)
+            return fig.to_image(format="png", width=PNG_WIDTH, height=fig.layout.height or 450)
+
+    def _first_render(self, fig: go.Figure) -> bytes:
+        """The first image, on a thread with a deadline: a kaleido server that died while starting its browser
+        (one that crashes at launch, say) never answers, and the caller would wait forever."""
+        result: dict[str, object] = {}
+
+        def render() -> None:
+            try:
+                result["image"] = self._render(fig)
+            except Exception as error:  # noqa: BLE001 - handed to the caller below
+                result["error"] = error
+
+        worker = threading.Thread(target=render, name="first-png", daemon=True)
+        worker.start()
+        worker.join(self.FIRST_IMAGE_TIMEOUT_S)
+        if worker.is_alive():
+            raise TimeoutError(f"kaleido's browser gave no image within {self.FIRST_IMAGE_TIMEOUT_S:.0f} s")
+        if "error" in result:
+            raise result["error"]  # type: ignore[misc]
+        self.answered = True
+        return result["image"]  # type: ignore[return-value]
+
     def _start(self) -> None:
         if self.started:
             return
+        find_browser()
         import kaleido
 
         kaleido.start_sync_server(silence_warnings=True)
         atexit.register(kaleido.stop_sync_server, silence_warnings=True)
         self.started = True
+
+
+def find_browser() -> str:
+    """The Chrome or Chromium kaleido will drive (``BROWSER_PATH`` first, as kaleido does); FileNotFoundError if
+    there is none. Looked up through choreographer, kaleido's browser driver; if its lookup moves, kaleido's own
+    start is left to find out (the first image's deadline still applies)."""
+    path = os.environ.get("BROWSER_PATH")
+    if not path:
+        try:
+            from choreographer.browsers.chromium import Chromium
+        except ImportError:
+            return ""
+        path = Chromium.find_browser(skip_local=False)
+    if not path or not os.path.isfile(path):
+        where = f" at BROWSER_PATH={path!r}" if os.environ.get("BROWSER_PATH") else ""
+        raise FileNotFoundError(f"no Chrome or Chromium found{where}")
+    return path
 
 
 png_export = PngExport()
