@@ -38,9 +38,13 @@ def test_engine_runs_every_format_with_prefix_caching(real_model, tokenizer, fmt
     system = "You are a patient teacher who explains things with small everyday examples. " * 4
     prompts = [workbench.prompts.encode_prompt(tokenizer, p, system=system) for p in PROMPTS[:2]]
     first = engine.generate(prompts[:1], SamplingParams(max_tokens=8), progress=False)
-    second = engine.generate(prompts, SamplingParams(max_tokens=8), progress=False)
-    assert all(len(o.token_ids) > 0 and o.finished for o in first + second)
-    assert second[0].token_ids == first[0].token_ids  # the cached prefix reads back the same quantized KV
+    again = engine.generate(prompts[:1], SamplingParams(max_tokens=8), progress=False)
+    both = engine.generate(prompts, SamplingParams(max_tokens=8), progress=False)
+    assert all(len(o.token_ids) > 0 and o.finished for o in first + again + both)
+    # The cached prefix reads back the same quantized KV. Compared within the same batch: on some CPUs a one-row
+    # decode product rounds differently from a two-row one (oneDNN picks another kernel; logits ~3e-5 apart on an
+    # AVX-512 host), and int4's coarse steps can turn that into another token a few steps later.
+    assert again[0].token_ids == first[0].token_ids
     assert engine.metrics.request_frame()["cached_prompt_tokens"].iloc[1:].min() > 0
     assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
 
