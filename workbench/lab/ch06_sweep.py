@@ -116,8 +116,8 @@ def measure_config(model, tokenizer, kv_format: str, reference: torch.Tensor, id
 
 def describe_cpu() -> str:
     """The CPU the speeds were measured on: architecture, model, threads, the vector ISA PyTorch's kernels use
-    and the last-level cache. The int8/fp32 ratio depends on the last two: fbgemm's int8 kernels use AVX-512 VNNI
-    where present, and SmolLM2's int8 decoder weights (106 MB) fit in a large L3 while its fp32 ones do not."""
+    and the last-level cache. The int8/fp32 decode ratio depends on the CPU: the same code measured 1.28x on an
+    AVX2 host and 1.69x on an AVX-512 VNNI one (benchmarks/RESULTS.md, chapter 6, says what was isolated)."""
     model = platform.processor()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
