@@ -2,7 +2,7 @@
 
 Workload: the engine-throughput benchmark's 32 requests (prompts 16-256 tokens, forced outputs 8-128 tokens
 log-uniform, `workbench.workloads.mixed_lengths(32, seed=0)`), driven closed loop by
-`workbench.lab.ch05_load.drive` at two concurrencies (users each sending their next request when the last one
+`workbench.bench.drive.drive` at two concurrencies (users each sending their next request when the last one
 finishes). Every mode gets the same engine limits: ``max_num_seqs`` 16, 512 batched tokens per step; dynamic
 batching starts a batch at 8 waiting requests or after 50 ms. Reports output tokens/s, p50/p99 TTFT and the
 continuous / static throughput ratio at each concurrency.
@@ -18,8 +18,7 @@ import json
 import torch
 
 import workbench
-from workbench.lab.ch05_load import drive
-from workbench.lab.ch05_runs import MODES, batching_engine
+from workbench.bench.drive import MODES, batching_engine, drive
 from workbench.workloads import mixed_lengths
 
 

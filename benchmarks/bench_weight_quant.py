@@ -38,7 +38,9 @@ import torch
 import torch.nn.functional as F
 
 import workbench
-from workbench.lab.ch06_sweep import (
+from workbench.models.cpu_linear import Linear
+from workbench.models.int8_linear import Int8Linear
+from workbench.quality.format_sweep import (
     KV_FORMATS,
     decode_tokens_per_s,
     heldout_ids,
@@ -46,8 +48,6 @@ from workbench.lab.ch06_sweep import (
     quality_row,
     save_sweep,
 )
-from workbench.models.cpu_linear import Linear
-from workbench.models.int8_linear import Int8Linear
 from workbench.quality.teacher_forcing import logits_through_cache
 
 SHAPES = {"qkv 960x576": (960, 576), "gate_up 3072x576": (3072, 576), "down 576x1536": (576, 1536),

@@ -38,3 +38,10 @@ IPyNbCell.sanitize = _sanitize_nested(IPyNbCell.sanitize)
 def pytest_configure(config):
     if getattr(config.option, "nbval_sanitize_with", None) is None:
         config.option.nbval_sanitize_with = str(SANITIZE_FILE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every nbval item is a notebook cell: marked ``notebook`` so that ``make test-fast`` can leave them out."""
+    for item in items:
+        if isinstance(item, IPyNbCell) or item.path.suffix == ".ipynb":
+            item.add_marker("notebook")

@@ -3,7 +3,7 @@ was stored whole, and report how long each took top to bottom (the budget is 120
 
 Widget state is not stored: it would embed every figure's data and plotly's JavaScript (megabytes per
 notebook). What a reader without a kernel sees comes from the panels' stored outputs instead
-(`workbench.lab.stored`): each figure as plotly JSON, HTML and PNG. ``WORKBENCH_REQUIRE_PNG=1`` is set for the
+(`workbench.lab.kit.stored`): each figure as plotly JSON, HTML and PNG. ``WORKBENCH_REQUIRE_PNG=1`` is set for the
 kernel, so a missing browser fails the refresh instead of storing a figure without its PNG.
 
     .venv/bin/python notebooks/refresh_outputs.py [ch02_kv_cache.ipynb ...]

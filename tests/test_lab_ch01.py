@@ -33,9 +33,9 @@ from workbench.lab.ch01_measures import (
     score_matrix_bytes,
     ttft_sweep,
 )
-from workbench.lab.common import GiB
-from workbench.lab.kv_runs import prompt_of_length
+from workbench.lab.kit.notebook import GiB
 from workbench.models.attention import causal_attention
+from workbench.workloads import prompt_of_length
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from workbench.lab.ch02_budget import activation_bytes, deployment_budget, kv_sh
 from workbench.lab.ch02_eviction import budgets_for
 from workbench.lab.ch02_fork import COPIED, PRIVATE, SHARED
 from workbench.lab.ch02_policy_sim import PrefixCacheSim, policy_sweep, simulate
-from workbench.lab.common import GiB
+from workbench.lab.kit.notebook import GiB
 from workbench.lab.kv_runs import (
     CacheComparison,
     access_order,

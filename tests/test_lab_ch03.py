@@ -7,7 +7,7 @@ import pytest
 
 from workbench.hosted.costs import break_even_requests
 from workbench.lab import ch03_prompt_caching as ch03
-from workbench.lab.kv_runs import static_instructions
+from workbench.workloads import static_instructions
 
 
 def test_economics_panel_follows_its_controls():

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from workbench.lab import ch06_quantization as ch06
-from workbench.lab import ch06_sweep
 from workbench.lab.ch06_activations import VARIANTS, capture_inputs
 from workbench.models import load_tokenizer, model_spec, random_model
+from workbench.quality import format_sweep as ch06_sweep
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 

@@ -14,11 +14,11 @@ import torch
 
 import workbench
 from workbench.lab import ch07_speculative as ch07
-from workbench.lab.ch07_compare import compare
-from workbench.lab.ch07_cost import _retime_stalls, forward_curve
-from workbench.lab.ch07_runs import task_prompts
-from workbench.lab.ch07_sampling import chi_square
 from workbench.lab.ch07_trace import trace_html, trace_request
+from workbench.spec.experiments.compare import compare
+from workbench.spec.experiments.forward_cost import _retime_stalls, forward_curve
+from workbench.spec.experiments.methods import task_prompts
+from workbench.spec.experiments.sampling_check import chi_square
 from workbench.spec.stats import SpecCounters
 
 

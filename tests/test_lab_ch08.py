@@ -10,7 +10,7 @@ import pytest
 
 from workbench.lab import ch08_monitoring as ch08
 from workbench.lab.ch08_panels import FAULTS, GRID, dashboard_load
-from workbench.lab.common import model_label
+from workbench.lab.kit.notebook import model_label
 from workbench.monitoring.capacity import replicas_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py

@@ -8,7 +8,8 @@ import sys
 import plotly.io as pio
 import torch
 
-from workbench.lab.common import LabPanel, device_label, fmt_bytes, measured_on, setup_notebook
+from workbench.lab.kit.notebook import device_label, fmt_bytes, measured_on, setup_notebook
+from workbench.lab.kit.panel import LabPanel
 
 
 def test_setup_notebook_pins_the_plotly_renderer():

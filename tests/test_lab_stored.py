@@ -15,9 +15,9 @@ import plotly.graph_objects as go
 import pytest
 from PIL import Image
 
-from workbench.lab.common import LabPanel
-from workbench.lab.exercises import Exercise
-from workbench.lab.stored import PLOTLY_MIME, PngExport, figure_bundle, html_bundle, table_bundle
+from workbench.lab.kit.exercises import Exercise
+from workbench.lab.kit.panel import LabPanel
+from workbench.lab.kit.stored import PLOTLY_MIME, PngExport, figure_bundle, html_bundle, table_bundle
 
 
 class SquaresPanel(LabPanel):

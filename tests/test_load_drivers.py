@@ -12,10 +12,10 @@ from functools import cache
 import numpy as np
 import pytest
 
+from workbench.bench.drive import drive
 from workbench.bench.runner import LoadShape
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.ch05_load import drive
 from workbench.lab.ch05_runs import random_requests
 from workbench.models import model_spec, random_model
 from workbench.serve.launch import ServerThread

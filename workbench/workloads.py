@@ -15,6 +15,7 @@ from pathlib import Path
 
 from workbench.config import SamplingParams
 from workbench.paths import DATASETS_DIR
+from workbench.prompts import encode_prompt
 
 WORKLOADS_DIR = DATASETS_DIR / "workloads"
 
@@ -107,3 +108,34 @@ def long_prompt_among_decoders(num_decoders: int = 4, *, decoder_prompt: int = 3
                 for _ in range(num_decoders)]
     return decoders + [WorkloadRequest(ids(long_prompt), 8, arrival_s=arrival_s, ignore_eos=True,
                                        tags={"role": "long_prompt"})]
+
+
+# Sentences of a made-up help desk's standing instructions: the static prefix of chapter 2's prompts.
+_MANUAL = [
+    "You answer questions for the Northwind city library's help desk.",
+    "Loans last three weeks and can be renewed twice unless another reader has reserved the item.",
+    "Reading rooms open at nine and close at eight on weekdays, at five on Saturdays.",
+    "Members may borrow up to twelve items at once, of which at most four may be films.",
+    "Overdue items cost ten cents a day, capped at the replacement price of the item.",
+    "Interlibrary loans take about ten days and are free for students and retired members.",
+    "Lost cards are replaced at the front desk after showing an identity document.",
+    "Printing costs five cents a page in black and twenty cents a page in colour.",
+    "Group study rooms are booked online for up to three hours per day per member.",
+    "Always answer briefly, cite the rule you used, and never invent a rule that is not listed here.",
+]
+NAMES = ["Ada", "Bram", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ines", "Jonas", "Kemal", "Lior"]
+
+
+def static_instructions(tokenizer, num_tokens: int) -> str:
+    """Standing instructions of about ``num_tokens`` tokens (whole sentences, cycling through the manual)."""
+    sentences: list[str] = []
+    while len(encode_prompt(tokenizer, " ".join(sentences) or "x", chat=False)) < num_tokens:
+        sentences.append(f"Rule {len(sentences) + 1}: {_MANUAL[len(sentences) % len(_MANUAL)]}")
+    return " ".join(sentences)
+
+
+def prompt_of_length(tokenizer, num_tokens: int) -> list[int]:
+    """Exactly ``num_tokens`` ids of ordinary English text (the standing instructions, as long as needed)."""
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    return encode_prompt(tokenizer, static_instructions(tokenizer, num_tokens), chat=False)[:num_tokens]

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-from workbench.lab.common import style
+from workbench.lab.kit.figures import style
 from workbench.lab.kv_runs import PagedTrace
 
 COLUMNS = 32

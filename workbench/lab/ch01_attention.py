@@ -19,7 +19,9 @@ from workbench.cache.sizing import attention_variants, kv_bytes_per_token, weigh
 from workbench.lab.attention_cost import PARTS, crossover_length, layer_flops, loglog_slope, time_layer_parts
 from workbench.lab.ch01_panels import AttentionMemoryLab, TTFTLab
 from workbench.lab.ch01_summary import EXERCISES, takeaways
-from workbench.lab.common import GiB, LabPanel, device_label, device_memory_bytes, fmt_bytes, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import GiB, device_label, device_memory_bytes, fmt_bytes, measured_on
+from workbench.lab.kit.panel import LabPanel
 from workbench.models import config_names, model_spec
 from workbench.models.llama import LlamaModel
 

@@ -25,9 +25,9 @@ from torch.utils._pytree import tree_leaves
 
 from workbench.config import SamplingParams
 from workbench.generation import stream_token_ids
-from workbench.lab.kv_runs import prompt_of_length
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
+from workbench.workloads import prompt_of_length
 
 ProgressFn = Callable[[int, int, str], None]
 

@@ -14,7 +14,9 @@ import plotly.graph_objects as go
 from workbench.config import ModelSpec
 from workbench.lab.attention_cost import layer_flops, loglog_slope
 from workbench.lab.ch01_measures import attention_memory, ttft_sweep
-from workbench.lab.common import LabPanel, MiB, device_label, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import MiB, device_label, measured_on
+from workbench.lab.kit.panel import LabPanel
 from workbench.models.llama import LlamaModel
 
 TTFT_LENGTHS = (64, 128, 256, 512, 1024, 2048)

@@ -14,7 +14,7 @@ import torch
 from workbench.cache.sizing import cached_tokens, dtype_bytes, kv_bytes, kv_bytes_per_token, weight_bytes
 from workbench.lab.attention_cost import crossover_length, layer_flops
 from workbench.lab.ch01_panels import upper_half_slope
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
 from workbench.models import config_names, model_spec
 
 

@@ -26,7 +26,9 @@ from workbench.lab.ch02_budget import (
     kv_share_table,
     share_verdict,
 )
-from workbench.lab.common import GiB, LabPanel, fmt_bytes, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import GiB, fmt_bytes
+from workbench.lab.kit.panel import LabPanel
 from workbench.models import config_names, model_spec
 
 KV_COLOR = "#9467bd"

@@ -15,7 +15,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from workbench.lab.ch02_policy_sim import policy_sweep
-from workbench.lab.common import LabPanel, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
 from workbench.lab.kv_runs import PATTERNS, eviction_prompts, eviction_sweep
 
 HIT, LFU_COLOR, SIM_COLOR = "#2ca02c", "#ff7f0e", "#7f7f7f"

@@ -20,8 +20,10 @@ import plotly.graph_objects as go
 from workbench.cache.sizing import blocks_for_tokens
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.common import LabPanel, measured_on, style
-from workbench.lab.kv_runs import prompt_of_length
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
+from workbench.workloads import prompt_of_length
 
 PRIVATE, SHARED, COPIED = 0, 1, 2
 STATE_COLORS = [[0, "#9ecae1"], [0.33, "#9ecae1"], [0.34, "#fd8d3c"], [0.66, "#fd8d3c"], [0.67, "#d62728"],

@@ -24,7 +24,9 @@ from workbench.lab.ch02_capacity import KVCapacityLab, KVShareLab
 from workbench.lab.ch02_eviction import EvictionLab, PolicyLab
 from workbench.lab.ch02_fork import ParallelSamplingLab
 from workbench.lab.ch02_summary import EXERCISES, takeaways
-from workbench.lab.common import LabPanel, MiB, fmt_bytes, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import MiB, fmt_bytes, measured_on
+from workbench.lab.kit.panel import LabPanel
 from workbench.lab.kv_runs import LAYOUTS, cache_vs_no_cache, prefix_cache_run, trace_paged_run
 from workbench.workloads import WorkloadRequest, mixed_lengths
 

@@ -13,7 +13,7 @@ from workbench.cache.memory_compare import compare_reservations
 from workbench.cache.sizing import blocks_for_tokens, kv_bytes
 from workbench.lab.ch02_budget import SEED_RANGE, deployment_budget, share_verdict
 from workbench.lab.ch02_policy_sim import simulate
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
 from workbench.lab.kv_runs import eviction_prompts
 from workbench.models import model_spec
 

@@ -21,8 +21,10 @@ from workbench.lab.ch03_runs import (
     layout_body,
     multi_turn_run,
 )
-from workbench.lab.common import LabPanel, measured_on, style
-from workbench.lab.kv_runs import static_instructions
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
+from workbench.workloads import static_instructions
 
 READ, WRITE, PLAIN = "#2ca02c", "#ff7f0e", "#7f7f7f"
 RATES = [10, 30, 100, 300, 1_000, 3_000, 10_000, 30_000, 100_000]

@@ -18,8 +18,8 @@ from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.hosted import AnthropicCache, SimClock
 from workbench.hosted.anthropic_cache import CacheUsage
-from workbench.lab.kv_runs import static_instructions
 from workbench.serve.anthropic_messages import MessagesRequest, render_blocks
+from workbench.workloads import static_instructions
 
 ProgressFn = Callable[[int, int, str], None]
 LAYOUTS = ("static first", "timestamp first", "user id first")

@@ -8,7 +8,7 @@ import pandas as pd
 from workbench.hosted import OpenAICache, SimClock
 from workbench.hosted.costs import break_even_requests, hit_probability, seed_worked_example
 from workbench.lab.ch03_runs import MULTI_TURN_VARIANTS, hit_rate
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
 
 
 def seed_example_table() -> pd.DataFrame:

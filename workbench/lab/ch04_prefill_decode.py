@@ -16,7 +16,7 @@ from workbench.config import ModelSpec
 from workbench.lab.ch04_roofline import DecodeLab, RooflineLab
 from workbench.lab.ch04_runs import NO_CHUNKING, STATIC
 from workbench.lab.ch04_timing import ChunkedPrefillLab, StreamingLab, TtftLab, ttft_ratios
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
 from workbench.roofline import DevicePeaks, count_step, decode_work, measure_peaks, prefill_work
 

@@ -16,7 +16,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.lab.common import LabPanel, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
 from workbench.roofline import (
     DevicePeaks,
     measure_decode_steps,

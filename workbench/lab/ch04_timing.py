@@ -28,7 +28,9 @@ from workbench.lab.ch04_runs import (
     stream_vs_buffered,
     ttft_sweep,
 )
-from workbench.lab.common import LabPanel, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
 
 QUEUED, COMPUTING, PREFILL, DECODE = "#bbbbbb", "#1f77b4", "#d62728", "#1f77b4"
 TTFT_LENGTHS = (16, 64, 256, 1024)

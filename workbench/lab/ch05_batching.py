@@ -1,7 +1,7 @@
 """Chapter 5 lab: batching strategies, the throughput-latency frontier, and who gets served first.
 
 The notebook imports this module only. It gathers the panels (`workbench.lab.ch05_panels`), the load drivers
-(`workbench.lab.ch05_load`), the checks of the course's loose claims (`workbench.lab.ch05_claims`), the
+(`workbench.bench.drive`), the checks of the course's loose claims (`workbench.lab.ch05_claims`), the
 chapter's "Try this" exercises and the closing table that checks each key takeaway against the panels.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from workbench.bench.drive import batching_engine, drive
 from workbench.cache.sizing import max_concurrency
 from workbench.lab.ch05_claims import (
     alternating_families,
@@ -17,10 +18,9 @@ from workbench.lab.ch05_claims import (
     dynamic_wait_effect,
     utilization_split,
 )
-from workbench.lab.ch05_load import drive
 from workbench.lab.ch05_panels import CapacityLab, ModesLab, PriorityLab, SweepLab, VarianceLab
-from workbench.lab.ch05_runs import batching_engine, padding_waste, random_requests
-from workbench.lab.exercises import Exercise
+from workbench.lab.ch05_runs import padding_waste, random_requests
+from workbench.lab.kit.exercises import Exercise
 
 __all__ = ["CapacityLab", "ModesLab", "PriorityLab", "SweepLab", "VarianceLab", "alternating_families",
            "batching_engine", "block_waste", "cache_aware_hit_rates", "drive", "dynamic_wait_effect", "exercises",

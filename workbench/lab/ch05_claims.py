@@ -24,9 +24,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from workbench.bench.drive import drive
 from workbench.cache.sizing import block_budget, weight_bytes
 from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.ch05_load import drive
 from workbench.models import model_spec
 from workbench.workloads import WorkloadRequest
 

@@ -11,18 +11,18 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from workbench.bench.drive import MODES, batching_engine, drive
 from workbench.lab.ch05_claims import priority_run, with_priorities
-from workbench.lab.ch05_load import drive
 from workbench.lab.ch05_runs import (
-    MODES,
-    batching_engine,
     capacity_run,
     concurrency_sweep,
     knee,
     random_requests,
     variance_effect,
 )
-from workbench.lab.common import LabPanel, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
 
 COLORS = {"static": "#d62728", "dynamic": "#ff7f0e", "continuous": "#1f77b4"}
 

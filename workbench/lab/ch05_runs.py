@@ -1,7 +1,7 @@
 """Chapter 5's measurements: batching modes under load, the throughput-latency frontier, its knee, goodput,
 output-length variance, capacity against ``max_num_seqs``, and padding waste of static batches.
 
-Every function here runs the real engine (through `workbench.lab.ch05_load.drive`) or computes from a
+Every function here runs the real engine (through `workbench.bench.drive.drive`) or computes from a
 workload; the panels in `workbench.lab.ch05_panels` only draw what these return.
 """
 
@@ -14,25 +14,15 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from workbench.config import CacheConfig, SchedulerConfig
+from workbench.bench.drive import LoadRun, drive
 from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.ch05_load import LoadRun, drive
 from workbench.workloads import WorkloadRequest
 
-MODES = ("static", "dynamic", "continuous")
 ProgressFn = Callable[[int, int, str], None]
 
 
 def _quiet(_done: int, _total: int, _text: str = "") -> None:
     return None
-
-
-def batching_engine(model, tokenizer, batching: str, *, max_num_seqs: int = 16, num_blocks: int = 256,
-                    block_size: int = 16, **scheduler) -> LLMEngine:
-    """An engine over an already loaded model: building one costs only its KV pool (``num_blocks``)."""
-    return LLMEngine(model, tokenizer, cache_config=CacheConfig(num_blocks=num_blocks, block_size=block_size),
-                     scheduler_config=SchedulerConfig(batching=batching, max_num_seqs=max_num_seqs,
-                                                      max_num_batched_tokens=max(512, max_num_seqs), **scheduler))
 
 
 def random_requests(n: int, *, prompt_tokens: int = 32, output_tokens: tuple[int, int] = (4, 32),

@@ -19,9 +19,18 @@ import torch
 from workbench.cache.calibration import calibration_ids
 from workbench.cache.sizing import kv_bytes_per_token, max_concurrency, weight_bytes
 from workbench.lab.ch06_activations import PROJECTIONS, capture_inputs, rounding_errors, spread
-from workbench.lab.ch06_sweep import BLOCK_SIZE, KV_FORMATS, SWEEP_PATH, decode_tokens_per_s, heldout_ids, load_sweep
-from workbench.lab.common import GiB, LabPanel, MiB, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import GiB, MiB, measured_on
+from workbench.lab.kit.panel import LabPanel
 from workbench.models.int8_linear import model_weight_bytes, quantize_model_weights
+from workbench.quality.format_sweep import (
+    BLOCK_SIZE,
+    KV_FORMATS,
+    SWEEP_PATH,
+    decode_tokens_per_s,
+    heldout_ids,
+    load_sweep,
+)
 from workbench.quality.teacher_forcing import compare_logits, logits_through_cache
 from workbench_kernels.kv_quant import cache_shapes
 

@@ -11,7 +11,7 @@ import torch
 
 from workbench.cache.sizing import kv_bytes, kv_bytes_per_token, weight_bytes
 from workbench.lab.ch06_memory import GB, GiB, hierarchy_table, int4_weight_bytes
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
 
 H100_TBPS, A100_TBPS = 3.35, 2.0  # the seed's bandwidth figures (H100 SXM, A100 80GB SXM: 2.04 TB/s)

@@ -4,8 +4,8 @@
 free); ``TokenTraceLab`` shows one request's drafts, accepted and rejected, token by token; ``AcceptanceLab``
 runs a task set with both proposers beside plain decoding and plots acceptance by draft position against
 independent acceptance at the measured α, and each proposer's speedup against the model's prediction. Runs
-live in `workbench.lab.ch07_runs`, `ch07_trace` and `ch07_cost`; this module turns controls into runs and runs
-into figures.
+live in `workbench.spec.experiments` and `ch07_trace`; this module turns controls into runs and runs into
+figures.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.data import load_prompts
-from workbench.lab.ch07_compare import compare
-from workbench.lab.ch07_cost import POSITIONS, forward_curve
-from workbench.lab.ch07_runs import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.lab.ch07_trace import ACCEPTED, REJECTED, UNTESTED, trace_html, trace_request
-from workbench.lab.common import LabPanel, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
+from workbench.spec.experiments.compare import compare
+from workbench.spec.experiments.forward_cost import POSITIONS, forward_curve
+from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS, task_prompts
 
 COLORS = {"prompt lookup": "#1f77b4", "trained draft": "#ff7f0e", PLAIN: "#7f7f7f"}
 TEMPERATURES = [("0 (greedy)", 0.0), ("0.7", 0.7), ("1.0", 1.0)]

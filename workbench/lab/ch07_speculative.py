@@ -12,11 +12,11 @@ import math
 
 import pandas as pd
 
-from workbench.lab.ch07_compare import compare
 from workbench.lab.ch07_panels import AcceptanceLab, ForwardCostLab, TokenTraceLab
-from workbench.lab.ch07_runs import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.lab.ch07_sweeps import BatchLab, KSweepLab, SamplingLab
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
+from workbench.spec.experiments.compare import compare
+from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.spec.stats import SpecCounters, expected_draft_acceptance, expected_tokens_per_pass
 from workbench.spec.theory import best_k, break_even_alpha, pass_timeline
 

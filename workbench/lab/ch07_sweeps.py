@@ -4,7 +4,7 @@
 E(α, K) / (r(K) + K·c) through the measurements, with α and c pooled from the runs and r(K) from the measured
 forward curve; ``BatchLab`` runs both proposers at batch 1, 4 and 16 and sets each measured speedup beside the
 model at that batch (where verification stops being free); ``SamplingLab`` is the chi-square check that
-speculative sampling leaves the distribution unchanged (`workbench.lab.ch07_sampling`).
+speculative sampling leaves the distribution unchanged (`workbench.spec.experiments.sampling_check`).
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.lab.ch07_compare import compare
-from workbench.lab.ch07_cost import ForwardCurve
 from workbench.lab.ch07_panels import COLORS, k_control, proposer_control, task_control
-from workbench.lab.ch07_runs import PLAIN, PROPOSERS, task_prompts
-from workbench.lab.ch07_sampling import CHECK_PROPOSERS, VOCAB, sampling_check
-from workbench.lab.common import LabPanel, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
+from workbench.spec.experiments.compare import compare
+from workbench.spec.experiments.forward_cost import ForwardCurve
+from workbench.spec.experiments.methods import PLAIN, PROPOSERS, task_prompts
+from workbench.spec.experiments.sampling_check import CHECK_PROPOSERS, VOCAB, sampling_check
 from workbench.spec.theory import best_k, speedup
 
 K_MAX = 12

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.lab.ch08_panels import RULE, CapacityLab, DashboardLab, ProfileLab, dashboard_load
-from workbench.lab.exercises import Exercise
+from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec, random_model
 from workbench.monitoring.capacity import plan_from_step_costs, prefill_floor_ms, replicas_for, seed_estimate
 from workbench.serve.launch import ServerThread

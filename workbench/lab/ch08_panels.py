@@ -24,7 +24,10 @@ from plotly.subplots import make_subplots
 from workbench.bench.runner import run_benchmark
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.common import LabPanel, _current_execution, measured_on, style
+from workbench.lab.kit.figures import style
+from workbench.lab.kit.notebook import measured_on
+from workbench.lab.kit.panel import LabPanel
+from workbench.lab.kit.panel import current_execution as _current_execution
 from workbench.monitoring.alerts import ChangeAlert
 from workbench.monitoring.capacity import StepCostModel, TrafficProfile, plan_from_step_costs
 from workbench.monitoring.dashboard import long_prompt_burst, panel_frame, steady_load

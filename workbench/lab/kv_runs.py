@@ -16,44 +16,13 @@ from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
 from workbench.prompts import encode_prompt
-from workbench.workloads import WorkloadRequest, questions
+from workbench.workloads import NAMES, WorkloadRequest, questions, static_instructions
 
 ProgressFn = Callable[[int, int, str], None]
-
-# Sentences of a made-up help desk's standing instructions: the static prefix of chapter 2's prompts.
-_MANUAL = [
-    "You answer questions for the Northwind city library's help desk.",
-    "Loans last three weeks and can be renewed twice unless another reader has reserved the item.",
-    "Reading rooms open at nine and close at eight on weekdays, at five on Saturdays.",
-    "Members may borrow up to twelve items at once, of which at most four may be films.",
-    "Overdue items cost ten cents a day, capped at the replacement price of the item.",
-    "Interlibrary loans take about ten days and are free for students and retired members.",
-    "Lost cards are replaced at the front desk after showing an identity document.",
-    "Printing costs five cents a page in black and twenty cents a page in colour.",
-    "Group study rooms are booked online for up to three hours per day per member.",
-    "Always answer briefly, cite the rule you used, and never invent a rule that is not listed here.",
-]
-_NAMES = ["Ada", "Bram", "Chen", "Dana", "Emeka", "Farah", "Goran", "Hana", "Ines", "Jonas", "Kemal", "Lior"]
-
 
 def _progress(progress: ProgressFn | None, done: int, total: int, text: str) -> None:
     if progress is not None:
         progress(done, total, text)
-
-
-def static_instructions(tokenizer, num_tokens: int) -> str:
-    """Standing instructions of about ``num_tokens`` tokens (whole sentences, cycling through the manual)."""
-    sentences: list[str] = []
-    while len(encode_prompt(tokenizer, " ".join(sentences) or "x", chat=False)) < num_tokens:
-        sentences.append(f"Rule {len(sentences) + 1}: {_MANUAL[len(sentences) % len(_MANUAL)]}")
-    return " ".join(sentences)
-
-
-def prompt_of_length(tokenizer, num_tokens: int) -> list[int]:
-    """Exactly ``num_tokens`` ids of ordinary English text (the standing instructions, as long as needed)."""
-    if num_tokens < 1:
-        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    return encode_prompt(tokenizer, static_instructions(tokenizer, num_tokens), chat=False)[:num_tokens]
 
 
 # ----------------------------------------------------------------------------------------------- no cache
@@ -150,7 +119,7 @@ def prefix_prompts(tokenizer, num_requests: int, static_tokens: int, layout: str
     static = static_instructions(tokenizer, static_tokens)
     prompts = []
     for i, question in enumerate(questions(num_requests, seed=3)):
-        header = f"Customer {_NAMES[i % len(_NAMES)]}, ticket #{4100 + 7 * i}."
+        header = f"Customer {NAMES[i % len(NAMES)]}, ticket #{4100 + 7 * i}."
         system = f"{static}\n{header}" if layout == "static first" else f"{header}\n{static}"
         prompts.append(encode_prompt(tokenizer, question, system=system))
     return prompts

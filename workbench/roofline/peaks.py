@@ -16,7 +16,6 @@ Every timing is the fastest of several runs: the run least disturbed by whatever
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.models.cpu_linear import Linear
+from workbench.timing import best_seconds
 
 MiB = 2**20
 # Buffers for the bandwidth probe: several times the last-level cache (32 MiB L3 on the CI CPU, 50 MiB L2 on an
@@ -32,25 +32,6 @@ CPU_BUFFER_BYTES = 256 * MiB
 CUDA_BUFFER_BYTES = 2048 * MiB
 CPU_MATMUL_SIZES = (512, 1024, 2048)
 CUDA_MATMUL_SIZES = (4096, 8192)
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def best_seconds(fn: Callable[[], object], device: torch.device, *, repeats: int = 3,
-                 min_total_s: float = 0.2) -> float:
-    """Fastest of at least ``repeats`` runs (and at least ``min_total_s`` of runs) after one warm-up."""
-    fn()
-    sync(device)
-    times: list[float] = []
-    while len(times) < repeats or sum(times) < min_total_s:
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 """Chapter 7's numbers for benchmarks/RESULTS.md: the notebook's measurements, larger, printed as tables and
 a final JSON line.
 
-    .venv/bin/python -m workbench.lab.ch07_report [--prompts 4] [--max-tokens 64]
+    .venv/bin/python benchmarks/bench_spec_chapter.py [--prompts 4] [--max-tokens 64]
 
-The same helpers as the notebook (`workbench.lab.ch07_runs`, `ch07_cost`, `ch07_sampling`), with more prompts
-and longer answers, so the ratios rest on more tokens. Plotting is not needed and not imported.
+The same helpers as the notebook (`workbench.spec.experiments`: methods, compare, forward_cost,
+sampling_check), with more prompts and longer answers, so the ratios rest on more tokens. Plotting is not
+needed and not imported.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import pandas as pd
 import torch
 
 import workbench
-from workbench.lab.ch07_compare import compare
-from workbench.lab.ch07_cost import forward_curve
-from workbench.lab.ch07_runs import PROPOSERS, task_prompts
-from workbench.lab.ch07_sampling import sampling_check
 from workbench.spec.draft_head import load_draft
+from workbench.spec.experiments.compare import compare
+from workbench.spec.experiments.forward_cost import forward_curve
+from workbench.spec.experiments.methods import PROPOSERS, task_prompts
+from workbench.spec.experiments.sampling_check import sampling_check
 from workbench.spec.theory import best_k, break_even_alpha, speedup
 
 COLUMNS = ["decode_tokens_per_s", "speedup", "alpha", "accepted_per_drafted", "tokens_per_pass",

@@ -22,9 +22,20 @@ import pandas as pd
 
 from workbench.bench.runner import LoadShape, run_benchmark
 from workbench.bench.stats import parse_slo, summarize
+from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.prompts import encode_prompt
 from workbench.workloads import WorkloadRequest
+
+MODES = ("static", "dynamic", "continuous")  # SchedulerConfig.batching
+
+
+def batching_engine(model, tokenizer, batching: str, *, max_num_seqs: int = 16, num_blocks: int = 256,
+                    block_size: int = 16, **scheduler) -> LLMEngine:
+    """An engine over an already loaded model: building one costs only its KV pool (``num_blocks``)."""
+    return LLMEngine(model, tokenizer, cache_config=CacheConfig(num_blocks=num_blocks, block_size=block_size),
+                     scheduler_config=SchedulerConfig(batching=batching, max_num_seqs=max_num_seqs,
+                                                      max_num_batched_tokens=max(512, max_num_seqs), **scheduler))
 
 
 @dataclass(slots=True)

@@ -1,0 +1,71 @@
+"""A notebook's frame: the plotly renderer pin, the device it measures on, and the label every figure carries
+saying what it was measured on (device, dtype, model).
+
+The renderer is pinned because plotly otherwise picks one from the environment, and notebooks saved from
+different front ends would then store different MIME types (and some embed all of plotly.js). The model label
+names the weights honestly: the real model's are dequantized Q4_1 (see README), random ones are noise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+RENDERER = "plotly_mimetype"
+TEMPLATE = "plotly_white"
+MiB = 2**20
+GiB = 2**30
+
+# The real model's weights are dequantized Q4_1 (see README): every label that names it says so.
+REAL_MODEL_LABEL = "SmolLM2-135M-Instruct (dequantized Q4_1)"
+
+
+def setup_notebook() -> None:
+    """Pin the plotly renderer and template (idempotent). Call once at the top of every notebook."""
+    import plotly.io as pio
+
+    os.environ["PLOTLY_RENDERER"] = RENDERER
+    pio.renderers.default = RENDERER
+    pio.templates.default = TEMPLATE
+
+
+def notebook_device() -> torch.device:
+    """CUDA when present, else the CPU: what every notebook measures on."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def device_label(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"CUDA {torch.cuda.get_device_name(device)}"
+    return f"CPU ({torch.get_num_threads()} threads)"
+
+
+def device_memory_bytes(device: torch.device | str) -> int:
+    """Memory of the device: a GPU's total memory, or the machine's RAM for the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def model_label(model) -> str:
+    name = model.spec.name
+    return REAL_MODEL_LABEL if name.startswith("smollm2-135m") else f"{name} (random weights)"
+
+
+def measured_on(model) -> str:
+    """'<model> · <dtype> · <device>': the subtitle of every figure measured on a model."""
+    return f"measured on {device_label(model.device)} · {dtype_name(model.dtype)} · {model_label(model)}"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
