@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 from workbench.lab.kit.exercises import Exercise
+from workbench.lab.kit.figures import set_trace
 from workbench.lab.kit.panel import LabPanel
 from workbench.lab.kit.stored import PLOTLY_MIME, PngExport, figure_bundle, html_bundle, table_bundle
 
@@ -25,17 +26,17 @@ class SquaresPanel(LabPanel):
 
     def __init__(self):
         self.n = widgets.IntSlider(value=3, min=1, max=10)
-        self.fig = go.Figure(go.Scatter(mode="lines"))
+        self.fig = go.Figure(go.Scatter(mode="lines", name="squares"))
         self.fig.update_layout(title="squares", height=300)
         super().__init__([self.n], [self.fig])
-        self.refresh()
 
     def measure(self):
         self.xs = list(range(self.n.value + 1))
+        return self.xs
 
     def draw(self):
         with self.fig.batch_update():
-            self.fig.data[0].x, self.fig.data[0].y = self.xs, [x * x for x in self.xs]
+            set_trace(self.fig, "squares", x=self.xs, y=[x * x for x in self.xs])
         self.status.value = f"largest square <b>{self.xs[-1] ** 2}</b>"
 
     def stored_tables(self):
@@ -43,10 +44,10 @@ class SquaresPanel(LabPanel):
 
 
 def test_panel_stores_status_figure_and_table():
-    panel = SquaresPanel()
+    panel = SquaresPanel().run()
     status, figure, table = panel.stored_outputs(png=False)
     assert status["text/plain"] == "largest square 9" and "<b>9</b>" in status["text/html"]
-    assert figure[PLOTLY_MIME]["data"][0]["y"] == [0, 1, 4, 9]
+    assert [t["y"] for t in figure[PLOTLY_MIME]["data"] if t["name"] == "squares"] == [[0, 1, 4, 9]]
     assert "Plotly.newPlot" in figure["text/html"] and "<script" in figure["text/html"]
     assert "image/png" not in figure and figure["text/plain"] == "<figure: squares>"
     assert "the squares" in table["text/html"] and "81" not in table["text/plain"]
