@@ -47,6 +47,14 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--device", default=None)
     info.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     info.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="weight format for the sizes shown")
+    info.add_argument("--tensor-parallel", "-tp", type=int, default=1, metavar="N",
+                      help="split KV heads across N GPUs (replicated past the number of KV heads)")
+    info.add_argument("--pipeline-parallel", "-pp", type=int, default=1, metavar="P",
+                      help="split the layers across P pipeline stages")
+    info.add_argument("--gpu-memory-gib", type=float, default=80.0,
+                      help="memory of one GPU for the tokens-that-fit line (default 80, an H100)")
+    info.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                      help="share of a GPU's memory the engine may use (vLLM's default 0.9)")
 
     fetch = sub.add_parser("fetch", help="convert the real model into the cache directory")
     fetch.add_argument("model", nargs="?", default="smollm2-135m")
@@ -112,6 +120,7 @@ def _info(args: argparse.Namespace) -> None:
         ("KV bytes per token", f"{per_token:,} B ({per_token / 1024:.1f} KiB)"),
         ("KV bytes at max context", f"{per_token * spec.max_context / 2**20:,.1f} MiB per sequence"),
     ]
+    rows += _parallel_rows(spec, args, dtype)
     if spec.name in REAL_MODELS or args.model in REAL_MODELS:
         path = checkpoint_dir(args.model)
         ready = (path / PROVENANCE_FILE).is_file()
@@ -121,6 +130,29 @@ def _info(args: argparse.Namespace) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def _parallel_rows(spec, args: argparse.Namespace, dtype: torch.dtype) -> list[tuple[str, str]]:
+    """Per-GPU KV sizing under TP x PP (`workbench.cache.parallel_sizing`), when either degree is above 1."""
+    from workbench.cache.parallel_sizing import gpu_share
+
+    if args.gpu_memory_gib <= 0:
+        raise ValueError(f"--gpu-memory-gib must be > 0, got {args.gpu_memory_gib}")
+    share = gpu_share(spec, args.tensor_parallel, args.pipeline_parallel, kv_format=dtype, model_dtype=dtype)
+    if share.gpus == 1:
+        return []
+    memory = int(args.gpu_memory_gib * 2**30)
+    copies = f", each copied on {share.kv_head_replicas} ranks" if share.kv_head_replicas > 1 else ""
+    return [
+        ("parallelism", f"TP {share.tensor_parallel} x PP {share.pipeline_parallel} = {share.gpus} GPUs"),
+        ("KV heads per GPU", f"{share.kv_heads_per_rank} of {spec.num_kv_heads}{copies}"),
+        ("layers per stage", ", ".join(str(n) for n in share.layers_per_stage)),
+        ("KV bytes per token per GPU", f"{share.kv_bytes_per_token:,} B (whole model: "
+                                       f"{share.total_kv_bytes_per_token:,} B)"),
+        ("weights per GPU (even split)", f"{share.weight_bytes_per_gpu / 2**30:,.2f} GiB"),
+        ("tokens that fit per GPU", f"{share.tokens_that_fit(memory, args.gpu_memory_utilization):,} "
+                                    f"({args.gpu_memory_gib:g} GiB x {args.gpu_memory_utilization:g}, minus weights)"),
+    ]
 
 
 def _fetch(args: argparse.Namespace) -> None:
