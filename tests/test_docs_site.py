@@ -113,6 +113,12 @@ def test_every_stored_figure_renders_offline(browser, served, chapter):
                                    timeout=60_000)
             page.evaluate("() => new Promise(done => MathJax.Hub.Queue(done))")
         assert blocked == [] and errors == [], (blocked, errors)
+        text = page.inner_text("article")
+        assert "VBox(children" not in text and "HBox(children" not in text, "a widget printed as its text repr"
+        if "live controls" not in text:
+            raise AssertionError("no panel says where its live controls are")
+        wraps = page.eval_on_selector_all(".jp-InputArea pre", "els => els.map(e => getComputedStyle(e).whiteSpace)")
+        assert wraps and set(wraps) == {"pre-wrap"}, f"code cells are cut off instead of wrapping: {set(wraps)}"
         if chapter.stem in SCREENSHOTS or os.environ.get("WORKBENCH_DOCS_SCREENSHOTS") == "all":
             ARTIFACTS.mkdir(exist_ok=True)
             page.locator(".js-plotly-plot").first.scroll_into_view_if_needed()

@@ -148,3 +148,11 @@ def test_engine_imports_without_the_lab():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_without_a_kernel_the_controls_say_where_they_live():
+    from workbench.lab.kit.panel import LIVE_CONTROLS_NOTE
+
+    bundle = CountingPanel([]).controls_bundle()
+    assert bundle["text/plain"] == LIVE_CONTROLS_NOTE and "VBox" not in str(bundle["text/plain"])
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"]

@@ -27,6 +27,8 @@ from IPython.display import display
 from workbench.lab.kit.progress import Progress
 from workbench.lab.kit.stored import figure_bundle, html_bundle, table_bundle
 
+LIVE_CONTROLS_NOTE = "[live controls: run this notebook in JupyterLab to change them]"
+
 
 class StatusLine:
     """A panel's one-line reading of its result (HTML), published as a stored output beside its figures."""
@@ -134,9 +136,16 @@ class LabPanel:
     def _ipython_display_(self) -> None:
         if not self.measured:
             self.run()
-        display(self.widget)
+        display(self.controls_bundle(), raw=True)
         self._show_outputs()
         self._shown_in = current_execution()
+
+    def controls_bundle(self) -> dict[str, object]:
+        """The controls as a widget view, whose text fallback (what a reader without a kernel sees: the docs site,
+        a repository browser) says where the live controls are instead of printing the widget tree."""
+        bundle = dict(self.widget._repr_mimebundle_())
+        bundle["text/plain"] = LIVE_CONTROLS_NOTE
+        return bundle
 
     def _show_outputs(self) -> None:
         self._handles = [display(bundle, raw=True, display_id=True) for bundle in self.stored_outputs()]
