@@ -26,6 +26,16 @@ from notebook_outputs import check_stored_figures  # noqa: E402
 SIZE_LIMIT = 1 << 20
 
 
+def record_run(nb, elapsed: float) -> None:
+    """The notebook's metadata says when, on what and how fast it ran, and which baseline costs it measured
+    (lifted from its outputs: `workbench.lab.kit.baseline`), so the chapters can be checked against each other."""
+    from workbench.lab.kit.baseline import stored_baselines
+    from workbench.timing import describe_machine
+
+    nb.metadata["workbench"] = {"executed": time.strftime("%Y-%m-%d"), "machine": describe_machine("cpu"),
+                                "seconds": round(elapsed, 1), "baselines": stored_baselines(nb)}
+
+
 def refresh(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["WORKBENCH_REQUIRE_PNG"] = "1"  # inherited by the kernel
@@ -35,6 +45,7 @@ def refresh(path: Path) -> float:
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    record_run(nb, elapsed)
     problems = check_stored_figures(nb)
     if problems:
         raise SystemExit(f"{path.name}: " + "; ".join(problems))

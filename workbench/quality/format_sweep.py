@@ -14,7 +14,6 @@ checked against what the loaded model allocates (`workbench.models.int8_linear.m
 from __future__ import annotations
 
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from workbench.models.int8_linear import model_weight_bytes, weight_format_of
 from workbench.paths import DATASETS_DIR
 from workbench.quality.recall import make_items, run_recall
 from workbench.quality.teacher_forcing import compare_logits, logits_through_cache
+from workbench.timing import describe_cpu
 from workbench.workloads import mixed_lengths
 
 SWEEP_PATH = DATASETS_DIR / "eval" / "quant_sweep.json"
@@ -112,24 +112,6 @@ def measure_config(model, tokenizer, kv_format: str, reference: torch.Tensor, id
     if requests:
         row["throughput_tokens_per_s"] = throughput_tokens_per_s(model, tokenizer, kv_format, requests)
     return row
-
-
-def describe_cpu() -> str:
-    """The CPU the speeds were measured on: architecture, model, threads, the vector ISA PyTorch's kernels use
-    and the last-level cache. The int8/fp32 decode ratio depends on the CPU: the same code measured 1.28x on an
-    AVX2 host and 1.69x on an AVX-512 VNNI one (benchmarks/RESULTS.md, chapter 6, says what was isolated)."""
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-                 if line.startswith("model name")]
-        model = names[0] if names else model
-    parts = [platform.machine(), model, f"{torch.get_num_threads()} threads", torch.backends.cpu.get_cpu_capability()]
-    llc = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
-    if llc.is_file():
-        size = llc.read_text().strip()  # e.g. "266240K"
-        parts.append(f"L3 {int(size[:-1]) // 1024} MiB" if size.endswith("K") else f"L3 {size}")
-    return ", ".join(p for p in parts if p)
 
 
 def save_sweep(frame: pd.DataFrame, extra: dict, path: Path = SWEEP_PATH) -> None:
