@@ -156,3 +156,24 @@ def test_without_a_kernel_the_controls_say_where_they_live():
     bundle = CountingPanel([]).controls_bundle()
     assert bundle["text/plain"] == LIVE_CONTROLS_NOTE and "VBox" not in str(bundle["text/plain"])
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"]
+
+
+def test_a_baseline_is_measured_numbers_carried_as_metadata():
+    import nbformat
+
+    from workbench.lab.kit.baseline import METADATA_KEY, Baseline, stored_baselines
+
+    base = Baseline("ch04", "test CPU", "float32", "roofline steps", decode_step_ms=31.5, prefill_ms_per_token=1.9,
+                    prefill_tokens=512)
+    assert "decode step 31.5 ms" in base.line() and "1.90 ms per token at 512 tokens" in base.line()
+    with pytest.raises(ValueError, match="at least one"):
+        Baseline("ch01", "cpu", "float32", "x")
+    with pytest.raises(ValueError, match="positive"):
+        Baseline("ch01", "cpu", "float32", "x", decode_step_ms=0.0)
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        Baseline("ch01", "cpu", "float32", "x", prefill_ms_per_token=2.0)
+    nb = nbformat.v4.new_notebook()
+    out = nbformat.v4.new_output("display_data", data={"text/plain": base.line()},
+                                 metadata={METADATA_KEY: {"chapter": "ch04", "decode_step_ms": 31.5}})
+    nb.cells = [nbformat.v4.new_code_cell(outputs=[out])]
+    assert stored_baselines(nb) == [{"chapter": "ch04", "decode_step_ms": 31.5}]
