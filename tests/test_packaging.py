@@ -14,3 +14,13 @@ def test_every_workbench_package_is_listed():
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "workbench").rglob("__init__.py")}
     assert found - listed == set(), f"add to [tool.setuptools] packages: {sorted(found - listed)}"
     assert "workbench_kernels" in listed
+
+
+def test_every_listed_package_exists():
+    """The other direction: a listed package with no folder (or no __init__.py, which git does not keep for an
+    empty folder) stops `pip install -e .` on a fresh clone with 'package directory ... does not exist'."""
+    listed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    dirs = {"workbench_kernels": ROOT / "kernels"}
+    missing = [name for name in listed
+               if not (dirs.get(name, ROOT.joinpath(*name.split("."))) / "__init__.py").exists()]
+    assert not missing, f"listed in pyproject.toml but absent from the tree: {missing}"
