@@ -60,3 +60,15 @@ def test_measurements_import_without_widgets_or_plotly(module):
             "print(loaded[:5]); sys.exit(1 if loaded else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"importing {module} loaded {done.stdout.strip()} {done.stderr[-2000:]}"
+
+
+def test_no_trace_is_addressed_by_position():
+    """Traces are read and set by name (``workbench.lab.kit.figures``); ``fig.data[3]`` breaks silently when a
+    trace is added above it."""
+    import re
+
+    by_position = re.compile(r"\.data\[\s*-?\d+\s*\]")
+    found = [f"{p.relative_to(ROOT)}:{n}" for folder in (ROOT / "workbench" / "lab", ROOT / "tests" / "lab")
+             for p in folder.rglob("*.py") for n, line in enumerate(p.read_text().splitlines(), 1)
+             if by_position.search(line)]
+    assert not found, found
