@@ -37,15 +37,22 @@ class PagedAttention:
         if cpu and cache.kv_format == "auto" and bool((meta.slot_mapping >= 0).all()):
             self._flat_slots = meta.slot_mapping.long()
 
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        meta, d, cache = self.meta, self.meta.num_decode_seqs, self.cache
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write this forward's new keys and values into their slots of ``layer``."""
+        cache = self.cache
         key_cache, value_cache = cache.key[layer], cache.value[layer]
-        fmt = {"kv_format": cache.kv_format, "k_scale": cache.key_scale[layer], "v_scale": cache.value_scale[layer]}
         if self._flat_slots is not None and k.dtype == key_cache.dtype and v.dtype == value_cache.dtype:
             key_cache.view(-1, *key_cache.shape[2:]).index_copy_(0, self._flat_slots, k)
             value_cache.view(-1, *value_cache.shape[2:]).index_copy_(0, self._flat_slots, v)
         else:
-            store_kv(k, v, key_cache, value_cache, meta.slot_mapping, **fmt)
+            store_kv(k, v, key_cache, value_cache, self.meta.slot_mapping, kv_format=cache.kv_format,
+                     k_scale=cache.key_scale[layer], v_scale=cache.value_scale[layer])
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        meta, d, cache = self.meta, self.meta.num_decode_seqs, self.cache
+        key_cache, value_cache = cache.key[layer], cache.value[layer]
+        fmt = {"kv_format": cache.kv_format, "k_scale": cache.key_scale[layer], "v_scale": cache.value_scale[layer]}
+        self.store(layer, k, v)
         if d == meta.num_seqs:
             return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale,
                                           **fmt, cpu_plan=self._decode_plan)

@@ -45,9 +45,12 @@ from workbench.spec.proposer import Proposer, build_proposer
 class LLMEngine:
     def __init__(self, model: LlamaModel, tokenizer=None, *, cache_config: CacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None, spec_config: SpecConfig | None = None,
-                 draft_model=None, cuda_graphs: bool = True):
+                 draft_model=None, cuda_graphs: bool = True, batch_invariant: bool = False):
         """``cuda_graphs``: on a CUDA model, replay captured graphs for pure decode steps
-        (`workbench.engine.cuda_graphs`); False launches every kernel eagerly. Ignored on the CPU."""
+        (`workbench.engine.cuda_graphs`); False launches every kernel eagerly. Ignored on the CPU.
+        ``batch_invariant``: a request's logits are bit-identical whatever else shares its batch, however its
+        prompt is chunked and whether its prefix comes from the cache (`workbench.models.row_invariant`); slower,
+        and it runs every step eagerly."""
         self.model, self.tokenizer = model, tokenizer
         self.cache_config = cache_config or CacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
@@ -66,11 +69,13 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.blocks)
         taps = self.proposer.taps if self.proposer else ()
         graphs = None
-        if cuda_graphs and model.device.type == "cuda":
+        self.batch_invariant = batch_invariant
+        if cuda_graphs and model.device.type == "cuda" and not batch_invariant:
             width = min(num_blocks, ceil_div(model.spec.max_context, self.cache_config.block_size))
             graphs = DecodeGraphs(model, self.cache, max_num_seqs=self.scheduler_config.max_num_seqs,
                                   max_blocks_per_seq=width, taps=taps)
-        self.runner = ModelRunner(model, self.cache, self.blocks, taps=taps, graphs=graphs)
+        self.runner = ModelRunner(model, self.cache, self.blocks, taps=taps, graphs=graphs,
+                                  batch_invariant=batch_invariant)
         self.metrics = MetricsRecorder()
         self.eos_ids = eos_token_ids(tokenizer) if tokenizer is not None else set()
         self.bookkeeper = Bookkeeper(self.scheduler, self.blocks, self.metrics, self.eos_ids, self.proposer)

@@ -9,11 +9,14 @@ decisions: what runs was decided by the scheduler, what the logits become is dec
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from workbench.cache.block_manager import BlockManager
+from workbench.cache.invariant_attention import BatchInvariantAttention
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch
@@ -21,6 +24,7 @@ from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.scheduler import ScheduledSeq
 from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
+from workbench.models.row_invariant import row_invariant_products
 
 
 @dataclass(slots=True)
@@ -48,11 +52,16 @@ class ForwardResult:
 class ModelRunner:
     """``taps``: target layers whose residual a draft head reads (`workbench.spec.proposer.Proposer.taps`).
     ``graphs``: captured decode forwards (`workbench.engine.cuda_graphs`, CUDA only) that pure decode batches
-    replay instead of launching every kernel; None runs every step eagerly."""
+    replay instead of launching every kernel; None runs every step eagerly. ``batch_invariant``: every row's
+    logits independent of the rest of the batch (`workbench.models.row_invariant`), at a cost in speed."""
 
     def __init__(self, model: LlamaModel, cache: PagedKVCache, blocks: BlockManager, taps: tuple[int, ...] = (),
-                 graphs: DecodeGraphs | None = None):
+                 graphs: DecodeGraphs | None = None, batch_invariant: bool = False):
         self.model, self.cache, self.blocks = model, cache, blocks
+        self.batch_invariant = batch_invariant
+        # Called with every forward's result before the engine uses it (read-only): how a measurement such as
+        # `workbench.quality.determinism` sees the logits each request got, without changing the step.
+        self.observers: list[Callable[[ForwardResult], None]] = []
         self.device = model.device
         self.taps = tuple(taps)
         self.graphs = graphs
@@ -87,7 +96,13 @@ class ModelRunner:
                 hidden, tapped = hidden.clone(), None if tapped is None else tapped.clone()
                 logits = all_logits[logit_rows] if logit_rows else hidden.new_empty(0, 0)
             else:
-                attention = PagedAttention(self.cache, batch.metadata, self.model.attention_scale)
-                hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention, self.taps)
-                logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
-        return ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)
+                backend = BatchInvariantAttention if self.batch_invariant else PagedAttention
+                attention = backend(self.cache, batch.metadata, self.model.attention_scale)
+                with row_invariant_products() if self.batch_invariant else nullcontext():
+                    hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention,
+                                                                  self.taps)
+                    logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
+        result = ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)
+        for observe in self.observers:
+            observe(result)
+        return result

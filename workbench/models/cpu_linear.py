@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from workbench.models.row_invariant import in_row_tiles, products_are_row_invariant
+
 PACK_BATCH_HINT = 8
 
 
@@ -59,6 +61,11 @@ class Linear(nn.Linear):
         self.packed = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and products_are_row_invariant():
+            return in_row_tiles(self._product, x)
+        return self._product(x)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None and x.device.type == "cpu" and x.dtype == self.packed.dtype:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
