@@ -4,13 +4,9 @@ can name the type without loading the notebook stack."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from workbench.progress import ProgressFn, no_progress
 
-ProgressFn = Callable[[int, int, str], None]
-
-
-def no_progress(done: int, total: int, text: str = "") -> None:
-    """The progress callback of a measurement nobody watches."""
+__all__ = ["Progress", "ProgressFn", "no_progress"]
 
 
 class Progress:

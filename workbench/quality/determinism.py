@@ -1,0 +1,143 @@
+"""Temperature 0, the same prompt, different answers: measuring where and why greedy decoding diverges.
+
+The engine's sampling is deterministic; its arithmetic is not invariant to the batch. The same prompt decoded
+alone and decoded beside other traffic goes through matrix products and attention of other shapes, so its
+logits differ in the last bits (`workbench.models.row_invariant` says which products, measured); where two
+candidate tokens are that close, greedy decoding picks another one and the rest of the answer follows it.
+
+``divergence_experiment`` decodes one prompt greedily many times on one engine while the traffic around it
+varies (0 to ``max_others`` random requests, some queued before it, some joining mid-decode; prompts chunked
+by a small token budget; the prompt's prefix read back from the cache after the first run) and compares every
+run with a reference decoded alone on a fresh engine: the distinct completions, the first step whose token
+differs, the first step whose logits differ at all, and how far apart they were there.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
+from workbench.engine.llm_engine import LLMEngine
+from workbench.engine.model_runner import ForwardResult
+from workbench.progress import ProgressFn, no_progress
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeTrace:
+    """One greedy decode of the prompt under study: its tokens and the logits row that chose each."""
+
+    others: int
+    tokens: tuple[int, ...]
+    logits: tuple[torch.Tensor, ...]
+    cached_prompt_tokens: int  # read from the prefix cache at its (last) admission
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class DivergenceReport:
+    batch_invariant: bool
+    kv_cache_dtype: str
+    reference: DecodeTrace
+    runs: pd.DataFrame  # one row per run: others, first_token_divergence, first_logit_difference, max_logit_gap
+
+    @property
+    def distinct_completions(self) -> int:
+        return int(self.runs["completion"].nunique())
+
+    @property
+    def runs_diverged(self) -> int:
+        return int(self.runs["first_token_divergence"].notna().sum())
+
+    @property
+    def runs_with_other_logits(self) -> int:
+        return int(self.runs["first_logit_difference"].notna().sum())
+
+
+def engine_for(model, tokenizer, *, batch_invariant: bool, kv_cache_dtype: str, chunk_tokens: int,
+            num_blocks: int | None) -> LLMEngine:
+    return LLMEngine(model, tokenizer, batch_invariant=batch_invariant,
+                     cache_config=CacheConfig(kv_cache_dtype=kv_cache_dtype, num_blocks=num_blocks),
+                     scheduler_config=SchedulerConfig(max_num_batched_tokens=chunk_tokens, max_num_seqs=16))
+
+
+def decode_with_traffic(engine: LLMEngine, prompt_ids: list[int], max_tokens: int, others: int,
+                        rng: random.Random, *, joining_later: float = 0.5) -> DecodeTrace:
+    """Greedy-decode ``prompt_ids`` while ``others`` random requests share the engine (a share ``joining_later``
+    joins at random steps of the decode, the rest is queued first); the others are aborted once the prompt under
+    study ends."""
+    vocab = engine.model.spec.vocab_size
+    joins = sorted((0 if rng.random() >= joining_later else rng.randint(1, max(1, max_tokens - 1)),
+                    [rng.randrange(vocab) for _ in range(rng.randint(4, 48))], rng.randint(1, 2 * max_tokens))
+                   for _ in range(others))
+    greedy = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    rows: list[torch.Tensor] = []
+    added = [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), chat=False)
+             for step, p, n in joins if step == 0]
+    target = engine.add_request(prompt_ids, greedy, chat=False)
+    request = engine.requests[target]
+    seq_id = request.seqs[0].seq_id
+
+    def observe(result: ForwardResult) -> None:
+        for item in result.items:
+            if item.item.seq.seq_id == seq_id and item.num_logit_rows:
+                rows.append(result.logits[item.first_logit_row + item.num_logit_rows - 1].clone())
+
+    engine.runner.observers.append(observe)
+    try:
+        step = 0
+        while not request.finished:
+            added += [engine.add_request(p, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
+                                         chat=False) for s, p, n in joins if s == step and s > 0]
+            engine.step()
+            step += 1
+    finally:
+        engine.runner.observers.remove(observe)
+        for rid in added:
+            if rid in engine.requests:
+                engine.abort(rid)
+    seq = request.seqs[0]
+    return DecodeTrace(others, tuple(seq.output_ids), tuple(rows), seq.num_cached_prompt_tokens, seq.num_preemptions)
+
+
+def _first(flags: list[bool]) -> int | None:
+    return next((i for i, flag in enumerate(flags) if flag), None)
+
+
+def compare(reference: DecodeTrace, run: DecodeTrace) -> dict[str, object]:
+    """Where ``run`` first differs from ``reference``: token step, logits step, and the largest logit gap."""
+    steps = min(len(reference.logits), len(run.logits))
+    gaps = [float((reference.logits[i] - run.logits[i]).abs().max()) for i in range(steps)]
+    token_step = _first([a != b for a, b in zip(reference.tokens, run.tokens, strict=False)])
+    logit_step = _first([gap > 0 for gap in gaps])
+    before = gaps[: token_step if token_step is not None else steps]  # after a new token, logits differ by design
+    return {"others": run.others, "cached_prompt_tokens": run.cached_prompt_tokens, "preemptions": run.preemptions,
+            "completion": run.tokens, "first_token_divergence": token_step,
+            "first_logit_difference": logit_step, "max_logit_gap": max(before, default=0.0)}
+
+
+def divergence_experiment(model, tokenizer, prompt_ids: list[int], *, runs: int = 20, max_tokens: int = 16,
+                          max_others: int = 15, kv_cache_dtype: str = "auto", batch_invariant: bool = False,
+                          chunk_tokens: int = 64, num_blocks: int | None = None, seed: int = 0,
+                          progress: ProgressFn = no_progress) -> DivergenceReport:
+    """The same greedy request ``runs`` times among varying traffic, against a reference decoded alone.
+    ``chunk_tokens``: the step's token budget (prompts longer than what is left are chunked); ``num_blocks``: a
+    small KV pool makes the scheduler preempt and recompute requests."""
+    if runs < 1 or max_tokens < 1 or max_others < 0:
+        raise ValueError(f"runs and max_tokens must be >= 1 and max_others >= 0, got {runs}, {max_tokens}, "
+                         f"{max_others}")
+    settings = {"batch_invariant": batch_invariant, "kv_cache_dtype": kv_cache_dtype, "chunk_tokens": chunk_tokens,
+                "num_blocks": num_blocks}
+    rng = random.Random(seed)
+    reference = decode_with_traffic(engine_for(model, tokenizer, **settings), prompt_ids, max_tokens, 0, rng)
+    engine = engine_for(model, tokenizer, **settings)
+    rows = []
+    for i in range(runs):
+        progress(i, runs, f"run {i + 1} of {runs}")
+        others = 0 if i == 0 else rng.randint(1, max_others) if max_others else 0
+        rows.append(compare(reference, decode_with_traffic(engine, prompt_ids, max_tokens, others, rng)))
+    progress(runs, runs, "done")
+    return DivergenceReport(batch_invariant, kv_cache_dtype, reference, pd.DataFrame(rows))
