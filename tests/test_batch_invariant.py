@@ -85,3 +85,11 @@ def test_without_the_mode_the_harness_finds_other_logits(tiny):
 def test_the_harness_refuses_bad_settings(tiny):
     with pytest.raises(ValueError, match="runs"):
         divergence_experiment(tiny, None, PROMPT, runs=0)
+
+
+def test_serve_takes_the_mode_from_its_command_line():
+    from workbench.cli import _parser
+    from workbench.serve.options import engine_configs
+
+    assert engine_configs(_parser().parse_args(["serve", "--batch-invariant"]))["batch_invariant"] is True
+    assert "batch_invariant" not in engine_configs(_parser().parse_args(["serve"]))

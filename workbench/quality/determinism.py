@@ -15,6 +15,7 @@ differs, the first step whose logits differ at all, and how far apart they were 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -141,3 +142,34 @@ def divergence_experiment(model, tokenizer, prompt_ids: list[int], *, runs: int 
         rows.append(compare(reference, decode_with_traffic(engine, prompt_ids, max_tokens, others, rng)))
     progress(runs, runs, "done")
     return DivergenceReport(batch_invariant, kv_cache_dtype, reference, pd.DataFrame(rows))
+
+
+def summary(report: DivergenceReport) -> dict[str, object]:
+    """The report in numbers (what a benchmark line or a cached result keeps)."""
+    diverged = report.runs["first_token_divergence"].dropna()
+    return {"kv_cache_dtype": report.kv_cache_dtype, "batch_invariant": report.batch_invariant,
+            "runs": len(report.runs), "distinct_completions": report.distinct_completions,
+            "runs_diverged": report.runs_diverged, "runs_with_other_logits": report.runs_with_other_logits,
+            "earliest_divergence": None if diverged.empty else int(diverged.min()),
+            "max_logit_gap": float(report.runs["max_logit_gap"].max())}
+
+
+def mode_cost(model, tokenizer, prompts: list[list[int]], *, max_tokens: int = 32, repeats: int = 3,
+              progress: ProgressFn = no_progress) -> pd.DataFrame:
+    """Output tokens per second of the same batch with the mode off and on, alternating (off, on, off, on, ...)
+    so that both see the same machine; the first pass of each is a warm-up and is not kept."""
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engines = {mode: LLMEngine(model, tokenizer, batch_invariant=mode) for mode in (False, True)}
+    rows, total = [], 2 * (repeats + 1)
+    for r in range(repeats + 1):
+        for mode, engine in engines.items():
+            progress(len(rows) if r else 0, total, f"batch-invariant {'on' if mode else 'off'}, pass {r + 1}")
+            start = time.perf_counter()
+            outputs = engine.generate(prompts, params, progress=False, chat=False)
+            seconds = time.perf_counter() - start
+            if r:
+                tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+                rows.append({"batch_invariant": mode, "pass": r, "tokens": tokens, "seconds": seconds,
+                             "tokens_per_s": tokens / seconds})
+    progress(total, total, "done")
+    return pd.DataFrame(rows)

@@ -39,6 +39,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--speculative-method", choices=SPEC_METHODS, default=None,
                         help="speculative decoding: ngram (prompt lookup) or draft (default: off)")
     engine.add_argument("--num-speculative-tokens", type=int, default=4)
+    engine.add_argument("--batch-invariant", action="store_true",
+                        help="every request's logits independent of the rest of its batch (bit-identical greedy "
+                             "answers under any traffic; slower): vLLM's VLLM_BATCH_INVARIANT=1, SGLang's "
+                             "--enable-deterministic-inference")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +60,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_configs(args: argparse.Namespace) -> dict:
-    """CacheConfig, SchedulerConfig and SpecConfig from parsed options (each validates itself)."""
+    """CacheConfig, SchedulerConfig and SpecConfig from parsed options (each validates itself), and the
+    batch-invariant switch: keyword arguments of `LLMEngine`."""
     budget = args.kv_budget_mib * 2**20 if args.kv_budget_mib is not None else None
     configs = {
         "cache_config": CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks, memory_budget_bytes=budget,
@@ -67,6 +72,8 @@ def engine_configs(args: argparse.Namespace) -> dict:
                                             enable_chunked_prefill=not args.no_chunked_prefill,
                                             max_prefill_chunk=args.max_prefill_chunk, batching=args.batching),
     }
+    if getattr(args, "batch_invariant", False):
+        configs["batch_invariant"] = True
     if args.speculative_method is not None:
         configs["spec_config"] = SpecConfig(method=args.speculative_method,
                                             num_speculative_tokens=args.num_speculative_tokens)
