@@ -22,13 +22,8 @@ import transformers
 
 import workbench
 from workbench.prompts import encode_prompt
-from workbench.quality.determinism import divergence_experiment, mode_cost, summary
+from workbench.quality.determinism import COST_PROMPTS, PROMPT, divergence_experiment, mode_cost, summary
 from workbench.timing import describe_machine
-
-PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-COST_PROMPTS = ["Explain what a KV cache is.", "Name three uses of a lighthouse.", "Write a haiku about rain.",
-                "What is 17 times 23?", "Describe a sunrise over the sea.", "List four prime numbers.",
-                "Why is the sky blue?", "Give a tip for learning to cook."]
 
 
 def main() -> None:

@@ -37,8 +37,9 @@ def test_nothing_outside_the_lab_imports_it():
     assert not offenders, "\n".join(offenders)
 
 
-def test_there_are_eight_chapter_packages_of_the_same_shape():
-    assert [f"ch{n:02d}" for n in range(1, 9)] == CHAPTERS
+def test_every_chapter_is_a_package_of_the_same_shape():
+    notebooks = sorted(p.name[:4] for p in (ROOT / "notebooks").glob("ch[0-9][0-9]_*.ipynb"))
+    assert notebooks == CHAPTERS and CHAPTERS[:8] == [f"ch{n:02d}" for n in range(1, 9)]
     for chapter in CHAPTERS:
         folder = ROOT / "workbench" / "lab" / chapter
         missing = [n for n in ("__init__.py", "runs.py", "panels.py", "ending.py") if not (folder / n).exists()]

@@ -26,6 +26,12 @@ from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.model_runner import ForwardResult
 from workbench.progress import ProgressFn, no_progress
 
+# The prompt under study and the requests the cost comparison runs (chapter 10 and benchmarks/bench_determinism.py).
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+COST_PROMPTS = ("Explain what a KV cache is.", "Name three uses of a lighthouse.", "Write a haiku about rain.",
+                "What is 17 times 23?", "Describe a sunrise over the sea.", "List four prime numbers.",
+                "Why is the sky blue?", "Give a tip for learning to cook.")
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeTrace:
