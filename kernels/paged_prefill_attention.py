@@ -2,7 +2,9 @@
 
 Why it exists: a prompt chunk attends to the sequence's whole cached prefix and causally within itself, and the
 chunks of many sequences (plus single-token rows, and later the speculative tokens being verified) arrive as one
-flat batch. Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - q_len_b + i``.
+flat batch. Query ``i`` of sequence ``b`` sits at position ``context_lens[b] - q_len_b + i``. A token tree being
+verified is one such chunk, its nodes flattened parents first: an optional ``tree_mask`` (see ``_tree_mask``)
+restricts what each row sees among the last keys to its ancestors.
 
 The kernel packs (query token, query head of one GQA group) pairs into the rows of one tile, so every key tile is
 loaded once for all heads of its KV head. Its grid numbers query blocks as vLLM's Triton attention does: sequence
@@ -40,6 +42,7 @@ from ._common import (
 from ._kv_args import check_kv_args, kv_kernel_args
 from ._paged_gather import sequence_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
+from ._tree_mask import check_tree_mask, visible_keys
 from .paged_decode_attention import paged_decode_attention_cpu
 
 # Rows (query token x query head pairs) and keys per program. Untuned (no GPU measurement yet): the usual
@@ -81,7 +84,10 @@ def _paged_prefill_kernel(
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32/int64
     query_start_loc_ptr,  # [num_seqs + 1] int32/int64: cumulative query lengths
     context_lens_ptr,  # [num_seqs] int32/int64: keys per sequence, this chunk included
+    tree_mask_ptr,  # [total_query_tokens, mask_width] bool (TREE only): which of the last keys a row sees
     num_seqs,
+    mask_width,  # TREE: the mask's columns stand for each sequence's last mask_width keys
+    stride_mt,  # tree_mask: query row
     scale_log2,  # softmax scale * log2(e)
     stride_qt, stride_qh,  # query: token, head
     stride_ot, stride_oh,  # out: token, head
@@ -96,6 +102,7 @@ def _paged_prefill_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM padded to a power of two >= 16
     TILE: tl.constexpr,  # keys per iteration
     KV_FORMAT: tl.constexpr,  # 0 auto, 1 fp8_e4m3, 2 int8, 3 int4
+    TREE: tl.constexpr,  # a tree mask restricts the last keys (see _tree_mask)
     DOT_IN_FP32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -140,6 +147,12 @@ def _paged_prefill_kernel(
                                stride_sg, KV_FORMAT).to(q.dtype)
         scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
         visible = (tokens[None, :] <= positions[:, None]) & t_mask[None, :]
+        if TREE:
+            col = tokens - (prefix + q_len - mask_width)  # the key's column in the mask; < 0: not restricted
+            in_mask = t_mask & (col >= 0)
+            allowed = tl.load(tree_mask_ptr + rows[:, None] * stride_mt + col[None, :],
+                              mask=row_mask[:, None] & in_mask[None, :], other=1)
+            visible = visible & (allowed != 0)
         scores = tl.where(visible, scores, float("-inf"))
         m_i, l_i, acc = _online_softmax_step(scores, values, m_i, l_i, acc, DOT_PRECISION)
 
@@ -149,7 +162,7 @@ def _paged_prefill_kernel(
 
 
 def _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale,
-                        kv_format="auto", k_scale=None, v_scale=None) -> float:
+                        kv_format="auto", k_scale=None, v_scale=None, tree_mask=None) -> float:
     check_tensor("query", query, ndim=3, dtypes=FLOAT_DTYPES)
     check_unit_last_stride("query", query)
     _, num_heads, head_dim = query.shape
@@ -161,6 +174,7 @@ def _check_prefill_args(query, key_cache, value_cache, block_tables, query_start
     check_tensor("query_start_loc", query_start_loc, ndim=1, dtypes=INDEX_DTYPES, device=query.device)
     check_dim("query_start_loc", query_start_loc, 0, num_seqs + 1, "len(context_lens) + 1")
     check_block_tables(block_tables, num_seqs, query.device)
+    check_tree_mask(tree_mask, query)
     return check_scale(scale)
 
 
@@ -168,7 +182,8 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
                                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                                    context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
                                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                                   block_m: int = DEFAULT_BLOCK_M, tile_size: int = DEFAULT_TILE,
+                                   tree_mask: torch.Tensor | None = None, block_m: int = DEFAULT_BLOCK_M,
+                                   tile_size: int = DEFAULT_TILE,
                                    num_warps: int | None = None, num_stages: int | None = None,
                                    out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher of ``paged_prefill_attention``; ``block_m``, ``tile_size``, ``num_warps`` and
@@ -177,7 +192,7 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
 
     ``query_start_loc[-1]`` must equal ``query.shape[0]``: it lives on the device, so it is not checked here."""
     scale = _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale,
-                                kv_format, k_scale, v_scale)
+                                kv_format, k_scale, v_scale, tree_mask)
     check_launchable(_paged_prefill_kernel, query.device)
     for name, value in (("block_m", block_m), ("tile_size", tile_size)):
         if value < 16 or value & (value - 1):
@@ -195,6 +210,9 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
     _paged_prefill_kernel[grid](
         out_ptr=out, query_ptr=query, block_tables_ptr=block_tables, query_start_loc_ptr=query_start_loc,
         context_lens_ptr=context_lens, num_seqs=num_seqs, scale_log2=scale * LOG2_E,
+        tree_mask_ptr=query if tree_mask is None else tree_mask,  # a placeholder pointer without a mask
+        mask_width=0 if tree_mask is None else tree_mask.shape[1],
+        stride_mt=0 if tree_mask is None else tree_mask.stride(0), TREE=tree_mask is not None,
         stride_qt=query.stride(0), stride_qh=query.stride(1), stride_ot=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0),
         stride_cb=key_cache.stride(0), stride_cs=key_cache.stride(1), stride_ch=key_cache.stride(2),
@@ -211,85 +229,101 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and is_interpreted(_paged_prefill_kernel))
 
 
-def _chunk_attention(query, keys, values, scale: float) -> torch.Tensor:
+def _chunk_attention(query, keys, values, scale: float, tree_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one sequence's chunk ``[q_len, num_heads, head_dim]`` over its keys/values ``[1, num_kv_heads,
-    context_len, head_dim]``, causal inside the chunk."""
+    context_len, head_dim]``, causal inside the chunk and restricted by its ``tree_mask`` rows, if any."""
     q_len, context_len = query.shape[0], keys.shape[2]
     q = query.transpose(0, 1).unsqueeze(0)
-    if q_len == context_len:  # no cached prefix: plain causal (SDPA aligns is_causal to the top-left corner)
+    if q_len == context_len and tree_rows is None:  # plain causal (SDPA aligns is_causal to the top-left corner)
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        positions = torch.arange(context_len - q_len, context_len, device=query.device)
-        visible = torch.arange(context_len, device=query.device) <= positions[:, None]
+        visible = visible_keys(tree_rows, q_len, context_len, query.device)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
+
+
+def _restricting(tree_mask: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    """A sequence's mask rows, or None where they restrict nothing (all True: an ordinary chunk)."""
+    if tree_mask is None:
+        return None
+    own = tree_mask[rows]
+    return None if bool(own.all()) else own
 
 
 def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                       block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                                       context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
-                                      k_scale: torch.Tensor | None = None,
-                                      v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                                      k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+                                      tree_mask: torch.Tensor | None = None) -> torch.Tensor:
     """The specification: query ``i`` of sequence ``b`` (row ``query_start_loc[b] + i``) sits at position
     ``p = context_lens[b] - q_len_b + i`` and attends to keys ``0..p`` of its sequence, read through the block
     table as in ``paged_decode_attention_reference`` (quantized formats likewise). Query head ``h`` reads KV head
-    ``h // (num_heads // num_kv_heads)``. Returns ``[total_query_tokens, num_heads, head_dim]`` in the query's dtype.
+    ``h // (num_heads // num_kv_heads)``. With a ``tree_mask`` ``[total_query_tokens, W]``, row ``r`` sees key
+    ``context_lens[b] - W + j`` only where ``tree_mask[r, j]`` (see ``_tree_mask``). Returns
+    ``[total_query_tokens, num_heads, head_dim]`` in the query's dtype.
 
     One sequence at a time; ``paged_prefill_attention_cpu`` is the fast CPU path."""
     fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
-    if kv_format != "auto" or k_scale is not None or v_scale is not None:
-        _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt)
+    if kv_format != "auto" or k_scale is not None or v_scale is not None or tree_mask is not None:
+        _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt,
+                            tree_mask=tree_mask)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     starts, context = query_start_loc.tolist(), context_lens.tolist()
     for b, (start, end) in enumerate(zip(starts, starts[1:], strict=False)):
         if end > start:
             out[start:end] = _sequence_attention(query[start:end], key_cache, value_cache, block_tables[b],
-                                                 context[b], scale, **fmt)
+                                                 context[b], scale, **fmt,
+                                                 tree_rows=None if tree_mask is None else tree_mask[start:end])
     return out
 
 
 def paged_prefill_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                 block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
                                 scale: float, *, kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                                v_scale: torch.Tensor | None = None) -> torch.Tensor:
+                                v_scale: torch.Tensor | None = None,
+                                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
     """``paged_prefill_attention_reference``'s result for the CPU engine: single-token rows (decodes verifying
-    nothing, or a chunk's last token) go through the batched ``paged_decode_attention_cpu`` in one call, longer
-    chunks run one SDPA each over only the blocks they need."""
+    nothing, or a chunk's last token) that the tree mask does not restrict go through the batched
+    ``paged_decode_attention_cpu`` in one call, the rest run one SDPA per sequence over only the blocks it needs."""
     fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
-    if kv_format != "auto" or k_scale is not None or v_scale is not None:
-        _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt)
+    if kv_format != "auto" or k_scale is not None or v_scale is not None or tree_mask is not None:
+        _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt,
+                            tree_mask=tree_mask)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     starts, context = query_start_loc.tolist(), context_lens.tolist()
+    masks = [_restricting(tree_mask, slice(start, end)) for start, end in zip(starts, starts[1:], strict=False)]
     q_lens = [end - start for start, end in zip(starts, starts[1:], strict=False)]
-    singles = [b for b, n in enumerate(q_lens) if n == 1]
+    singles = [b for b, n in enumerate(q_lens) if n == 1 and masks[b] is None]
     if singles:
         index = torch.tensor(singles, device=query.device)
         rows = query_start_loc[index].long()
         out[rows] = paged_decode_attention_cpu(query[rows], key_cache, value_cache, block_tables[index],
                                                context_lens[index], scale, **fmt)
     for b, n in enumerate(q_lens):
-        if n > 1:
+        if n > 1 or (n == 1 and masks[b] is not None):
             rows = slice(starts[b], starts[b] + n)
             out[rows] = _sequence_attention(query[rows], key_cache, value_cache, block_tables[b], context[b], scale,
-                                            **fmt)
+                                            **fmt, tree_rows=masks[b])
     return out
 
 
 def _sequence_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         block_table: torch.Tensor, context_len: int, scale: float, *, kv_format: str,
-                        k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> torch.Tensor:
+                        k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
+                        tree_rows: torch.Tensor | None = None) -> torch.Tensor:
     """One sequence's query rows over its keys, read (and dequantized) through its block table."""
     keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_table, context_len)
     values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_table, context_len)
-    return _chunk_attention(query, keys, values, scale)
+    return _chunk_attention(query, keys, values, scale, tree_rows)
 
 
 def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
                             scale: float, *, kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                            v_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of a flat batch of query chunks over their paged keys (see the reference)."""
-    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
+                            v_scale: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of a flat batch of query chunks over their paged keys, optionally restricted by a token
+    tree's mask (see the reference)."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale, "tree_mask": tree_mask}
     if query.is_cuda:
         return paged_prefill_attention_triton(query, key_cache, value_cache, block_tables, query_start_loc,
                                               context_lens, scale, **fmt)

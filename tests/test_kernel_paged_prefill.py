@@ -164,3 +164,112 @@ def test_block_ids_past_2_31_elements(device):
     cache, which crashes the process (SIGSEGV) instead of failing an assert; reverting the int64 cast in
     _paged_tiles._kv_tile_offsets made this test fail that way."""
     check_large_block_ids_in_subprocess("prefill", device)
+
+
+# ------------------------------------------------------------------------------------------- tree attention
+def _ancestors(parents: list[int]) -> torch.Tensor:
+    """[T, T] bool: node i sees node j iff j is i or one of its ancestors."""
+    seen = torch.eye(len(parents), dtype=torch.bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            seen[i] |= seen[parent]
+    return seen
+
+
+# (query length, tree size T, context length) per sequence: T = 0 is an ordinary chunk; query length < T is a
+# draft expanding the newest nodes of a tree whose older nodes are already cached (one row: it must still go
+# through the mask, not the decode path).
+TREE_BATCH = [(1, 0, 9), (9, 9, 30), (7, 0, 7), (13, 13, 13), (1, 6, 40), (3, 11, 25), (5, 0, 21)]
+
+
+def _tree_case(device, dtype, num_heads, num_kv_heads, block_size=8, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    query_lens = [q for q, _, _ in TREE_BATCH]
+    query, kv, starts, scale = _case(device, dtype, num_heads, num_kv_heads, 32, block_size, query_lens,
+                                     [n for _, _, n in TREE_BATCH], seed=seed)
+    width = max(t for _, t, _ in TREE_BATCH)
+    mask = torch.ones(sum(query_lens), width, dtype=torch.bool)
+    row = 0
+    for q_len, size, _ in TREE_BATCH:
+        if size:
+            parents = [-1] + [int(torch.randint(0, i, (), generator=gen)) for i in range(1, size)]
+            mask[row: row + q_len, width - size:] = _ancestors(parents)[size - q_len:]
+        row += q_len
+    return query, kv, starts, scale, mask.to(device)
+
+
+def _hides_a_causal_key(mask, starts, context_lens) -> list[bool]:
+    """Per query row: does the mask hide a key that causal attention would show it?"""
+    width, hides = mask.shape[1], []
+    for b, (start, end) in enumerate(zip(starts.tolist(), starts.tolist()[1:], strict=False)):
+        n, q_len = int(context_lens[b]), end - start
+        for i in range(q_len):
+            own = width - q_len + i  # the column of the row's own key
+            hides.append(bool((~mask[start + i, max(width - n, 0): own + 1]).any()))
+    return hides
+
+
+def _dense_tree_attention(query, kv, starts, scale, mask) -> torch.Tensor:
+    """float64 attention per sequence on keys gathered densely, under the causal mask & the tree mask."""
+    out = torch.empty(query.shape, dtype=torch.float64)
+    block_size, width = kv.key_cache.shape[1], mask.shape[1]
+    group = query.shape[1] // kv.key_cache.shape[2]
+    for b, (start, end) in enumerate(zip(starts.tolist(), starts.tolist()[1:], strict=False)):
+        n, q_len = int(kv.context_lens[b]), end - start
+        slots = [(int(kv.block_tables[b, t // block_size]), t % block_size) for t in range(n)]
+        keys = torch.stack([kv.key_cache[s, o] for s, o in slots]).double().repeat_interleave(group, 1)
+        values = torch.stack([kv.value_cache[s, o] for s, o in slots]).double().repeat_interleave(group, 1)
+        visible = torch.arange(n) <= torch.arange(n - q_len, n)[:, None]
+        restricted = torch.ones(q_len, n, dtype=torch.bool)
+        restricted[:, max(n - width, 0):] = mask[start:end, max(width - n, 0):].cpu()
+        scores = torch.einsum("qhd,khd->hqk", query[start:end].double().cpu(), keys.cpu()) * scale
+        scores = scores.masked_fill(~(visible & restricted), float("-inf"))
+        out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values.cpu())
+    return out
+
+
+@pytest.mark.parametrize("path", [paged_prefill_attention_reference, paged_prefill_attention_cpu])
+def test_tree_mask_reference_and_cpu_path_match_dense_masked_attention(path):
+    query, kv, starts, scale, mask = _tree_case("cpu", torch.float32, 9, 3)
+    args = query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, scale
+    got = path(*args, tree_mask=mask)
+    assert_close(got, _dense_tree_attention(query, kv, starts, scale, mask), torch.float32)
+    # The mask must matter: causal attention alone differs on the tree rows (and only there).
+    causal = path(*args)
+    differs = ((got - causal).abs().amax((1, 2)) > 1e-4).tolist()
+    assert differs == _hides_a_causal_key(mask, starts, kv.context_lens) and any(differs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("dtype", "gqa", "knobs"), [
+    (torch.float32, (9, 3), {"block_m": 16, "tile_size": 16}),  # a tree spans several programs and key tiles
+    (torch.bfloat16, (8, 2), {}),
+    (torch.float32, (5, 1), {"block_m": 32, "tile_size": 16}),
+    (torch.float16, (4, 4), {"block_m": 16, "tile_size": 32}),
+])
+def test_tree_mask_kernel_matches_dense_masked_attention(device, dtype, gqa, knobs):
+    query, kv, starts, scale, mask = _tree_case(device, dtype, *gqa)
+    out = paged_prefill_attention_triton(query, kv.key_cache, kv.value_cache, kv.block_tables, starts,
+                                         kv.context_lens, scale, tree_mask=mask, out=poisoned_like(query), **knobs)
+    q, k, v = upcast(query.cpu(), kv.key_cache.cpu(), kv.value_cache.cpu())
+    expected = _dense_tree_attention(q, type(kv)(k, v, kv.block_tables.cpu(), kv.context_lens.cpu()), starts.cpu(),
+                                     scale, mask)
+    assert_close(out, expected, dtype)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"dtype": torch.uint8}, "tree_mask has dtype torch.uint8"),
+    ({"rows": -1}, r"tree_mask must be \[total_query_tokens, W\]"),
+    ({"transpose": True}, "tree_mask must have stride 1"),
+])
+def test_bad_tree_masks_are_refused(change, message):
+    query, kv, starts, scale, mask = _tree_case("cpu", torch.float32, 9, 3)
+    if "dtype" in change:
+        mask = mask.to(change["dtype"])
+    if "rows" in change:
+        mask = mask[:change["rows"]]
+    if "transpose" in change:
+        mask = torch.ones(mask.shape[1], mask.shape[0], dtype=torch.bool).t()
+    for path in (paged_prefill_attention_triton, paged_prefill_attention_reference, paged_prefill_attention_cpu):
+        with pytest.raises(ValueError, match=message):
+            path(query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, scale, tree_mask=mask)

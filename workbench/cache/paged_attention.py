@@ -4,8 +4,9 @@ The engine's model runner and the speculative draft proposer both run their mode
 (`workbench.cache.paged_batch`) puts decode sequences first (one query token each), then prefill chunks. For
 each layer the backend writes the new keys and values into their slots, then runs the decode kernel over the
 decode rows and the prefill kernel (causal inside the chunk, full over the cached prefix) over the rest: two
-launches per layer whatever the batch mix. Kernels come from ``workbench_kernels``: Triton on CUDA, references
-on the CPU.
+launches per layer whatever the batch mix. Token trees being verified are prefill rows restricted by the batch's
+``tree_mask`` (`workbench.cache.paged_batch.tree_entry`). Kernels come from ``workbench_kernels``: Triton on
+CUDA, references on the CPU.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class PagedAttention:
             return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale,
                                           **fmt, cpu_plan=self._decode_plan)
         prefill = paged_prefill_attention(q[d:], key_cache, value_cache, meta.block_tables[d:], self._prefill_starts,
-                                          meta.context_lens[d:], self.scale, **fmt)
+                                          meta.context_lens[d:], self.scale, **fmt, tree_mask=meta.tree_mask)
         if d == 0:
             return prefill
         decode = paged_decode_attention(q[:d], key_cache, value_cache, meta.block_tables[:d], meta.context_lens[:d],
