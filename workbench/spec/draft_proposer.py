@@ -10,6 +10,13 @@ seen (and yields draft 1), each further one feeds the previous draft. For an EAG
 the input at position j is the target's feature at j with the token at j + 1, so catching up needs the features
 the engine hands over after each target forward (``observe``), and drafts beyond the first run on the head's
 own predicted features.
+
+A token tree (``propose_tree``) is drafted depth by depth the same way: after the catch-up, each forward reads
+the frontier the `workbench.spec.tree_draft.TreeBuilder` chose (one node per row, at position ``depth`` past the
+root's, fed its parent's predicted feature for a head), written into the draft's scratch slots after the
+newest token in the order they are read, and seeing only the prefix and its own ancestors (the same tree mask
+the target's verification uses). Only the real positions stay valid after a tree: the accepted path is fed
+again by the next catch-up.
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch
 from workbench.sampling import probabilities
 from workbench.spec.sequence_view import DraftingSequence
+from workbench.spec.tree import DraftTree
+from workbench.spec.tree_draft import TreeBuilder, TreeShape
 
 
 class DraftProposer:
@@ -85,6 +94,60 @@ class DraftProposer:
                 self._after_propose(seq, k)
         return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
 
+    @torch.inference_mode()
+    def propose_tree(self, items: list[tuple[DraftingSequence, int, int]], shape: TreeShape) -> list[DraftTree | None]:
+        """For each (sequence, slots, depth): a tree of ``shape`` within ``slots`` drafted nodes and ``depth``
+        levels, or None when the draft cannot propose for it yet."""
+        plans = [self._catch_up_plan(seq) for seq, _, _ in items]
+        live = [i for i, plan in enumerate(plans) if plan is not None and items[i][1] > 0 and items[i][2] > 0]
+        builders: dict[int, TreeBuilder] = {}
+        states: dict[int, dict[int, torch.Tensor]] = {}  # item -> builder node -> the draft's state after it
+        if live:
+            entries = [plans[i][0] for i in live]
+            hidden = self._forward(entries, [plans[i][1] for i in live] if self.needs_target_features else None)
+            ends = torch.tensor([len(e.tokens) for e in entries]).cumsum(0) - 1
+            roots = hidden[ends.to(self.device)]
+            logits = self.draft.compute_logits(roots)
+            for n, i in enumerate(live):
+                seq, slots, depth = items[i]
+                builders[i] = TreeBuilder(shape, seq.token_ids[-1], max_nodes=slots, max_depth=depth,
+                                          params=seq.params, generator=seq.generator)
+                builders[i].add_children([0], logits[n: n + 1])
+                states[i] = {0: roots[n]}
+        while builders:
+            frontiers = {i: b.next_frontier() for i, b in builders.items()}
+            reading = [i for i, f in frontiers.items() if f]
+            if not reading:
+                break
+            entries = [self._frontier_entry(items[i][0], builders[i], frontiers[i]) for i in reading]
+            feats = [torch.stack([states[i][builders[i].nodes[v].parent] for v in frontiers[i]]) for i in reading]
+            hidden = self._forward(entries, feats if self.needs_target_features else None)
+            logits = self.draft.compute_logits(hidden)
+            row = 0
+            for i in reading:
+                count = len(frontiers[i])
+                builders[i].add_children(frontiers[i], logits[row: row + count])
+                states[i].update(zip(frontiers[i], hidden[row: row + count], strict=True))
+                row += count
+        for i in builders:
+            self._after_propose(items[i][0], 0, tree=True)
+        return [builders[i].tree() if i in builders else None for i in range(len(items))]
+
+    def _frontier_entry(self, seq: DraftingSequence, builder: TreeBuilder, frontier: list[int]) -> BatchEntry:
+        """The draft's batch entry for a tree frontier: scratch slots after the root's position, positions by
+        depth, each row seeing the scratch nodes among its ancestors (and everything before them)."""
+        base = len(seq.token_ids) - 1 - int(self.needs_target_features)  # the position the root's state came from
+        width = builder.num_read
+        visible = []
+        for node in frontier:
+            row = [False] * width
+            for index in builder.read_ancestors(node):
+                row[index - 1] = True
+            visible.append(row)
+        first = builder.nodes[frontier[0]].scratch
+        return BatchEntry(seq.seq_id, base + first, [builder.nodes[v].token for v in frontier],
+                          [base + builder.nodes[v].depth for v in frontier], visible)
+
     def _catch_up_plan(self, seq: DraftingSequence) -> tuple[BatchEntry, torch.Tensor | None] | None:
         """The draft's first forward for ``seq``: every real position it lacks (None if it cannot draft)."""
         tokens, seq_id = seq.token_ids, seq.seq_id
@@ -120,11 +183,12 @@ class DraftProposer:
         # A small model feeds draft i at position len + i - 1; the head lags one (it pairs feature j, token j+1).
         return len(seq.token_ids) + num_drafted - 1 - int(self.needs_target_features)
 
-    def _after_propose(self, seq: DraftingSequence, k: int) -> None:
+    def _after_propose(self, seq: DraftingSequence, k: int, tree: bool = False) -> None:
         n = len(seq.token_ids)
-        # Positions written from real inputs: everything for a small model (drafts become real if accepted,
-        # and rollback() trims the rest); only the caught-up ones for a head (later ones used its own features).
-        self._valid[seq.seq_id] = n - 1 if self.needs_target_features else n + k - 1
+        # Positions written from real inputs: everything for a small model (chain drafts become real if accepted,
+        # and rollback() trims the rest; a tree's scratch slots do not line up with the accepted path); only the
+        # caught-up ones for a head (later ones used its own features).
+        self._valid[seq.seq_id] = n - 1 if self.needs_target_features else n if tree else n + k - 1
         self._tables[seq.seq_id] = self.blocks.block_table(seq.seq_id)
 
     def _forward(self, entries: list[BatchEntry], feats: list[torch.Tensor] | None) -> torch.Tensor:

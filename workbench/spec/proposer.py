@@ -1,6 +1,7 @@
 """What the engine asks of a speculative proposer, and how to build one from a ``SpecConfig``.
 
-Per step the engine calls ``propose`` for the decoding sequences that may draft (each with its own maximum),
+Per step the engine calls ``propose`` (``propose_tree`` when the config asks for token trees) for the decoding
+sequences that may draft (each with its own maximum),
 then runs the target over the newest token plus the drafts, verifies, and tells the proposer what stands:
 ``observe`` hands over the target's features of the positions that are now real (its final hidden states, or
 the residuals of the layers the proposer names in ``taps``; only proposers that condition on them, like an
@@ -22,6 +23,8 @@ from workbench.spec.draft_head import load_draft
 from workbench.spec.draft_proposer import DraftProposer
 from workbench.spec.ngram import NgramProposer
 from workbench.spec.sequence_view import DraftingSequence
+from workbench.spec.tree import DraftTree
+from workbench.spec.tree_draft import TreeShape
 
 
 class Proposer(Protocol):
@@ -29,6 +32,10 @@ class Proposer(Protocol):
     taps: tuple[int, ...]  # target layers whose residual ``observe`` should get; () for the final hidden state
 
     def propose(self, items: list[tuple[DraftingSequence, int]]) -> list[tuple[list[int], torch.Tensor | None]]:
+        ...
+
+    def propose_tree(self, items: list[tuple[DraftingSequence, int, int]], shape: TreeShape) -> list[DraftTree | None]:
+        """Per (sequence, slots, depth): a token tree within that many drafted nodes and levels, or None."""
         ...
 
     def observe(self, seq: DraftingSequence, start: int, hidden: torch.Tensor) -> None: ...

@@ -11,6 +11,12 @@ alpha = 0.5 and K = 4 the ratio is 0.23). Its estimate from the counts (the maxi
 independence model) is accepted / tested, where a drafted token is *tested* when every draft before it was
 accepted. The engine counts, per request and per draft position, how many tokens were drafted, tested and
 accepted, so both rates and the measured tokens per pass can sit next to the formula at the measured alpha.
+
+Token trees (`workbench.spec.tree`) are counted per depth the same way (drafted = nodes at that depth; tested =
+the pass reached that depth with candidates to try; accepted = it kept one), and also by the rank of the
+candidate kept, with the rank paths of every node drafted: enough to hold the measured tokens per pass against
+the tree's expected yield, 1 + the sum over its nodes of the product of per-depth, per-rank acceptance along
+the path (`expected_tokens_by_rank`; for a chain this is the same independence model with alpha per depth).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pandas as pd
+
+from workbench.spec.tree import expected_tree_tokens
 
 
 def expected_tokens_per_pass(alpha: float, k: int) -> float:
@@ -47,6 +55,8 @@ class SpecCounters:
     drafted_at: list[int] = field(default_factory=list)  # per draft position 1..K
     tested_at: list[int] = field(default_factory=list)  # drafted there with every earlier draft accepted
     accepted_at: list[int] = field(default_factory=list)
+    accepted_rank_at: list[list[int]] = field(default_factory=list)  # per depth: passes that kept a rank-r candidate
+    node_paths: dict[tuple[int, ...], int] = field(default_factory=dict)  # rank path -> passes that drafted it
 
     def record(self, num_drafted: int, num_accepted: int, num_emitted: int) -> None:
         if not 0 <= num_accepted <= num_drafted:
@@ -62,6 +72,54 @@ class SpecCounters:
             self.tested_at[i] += 1
         for i in range(num_accepted):
             self.accepted_at[i] += 1
+            self._count_rank(i, 0)
+        for i in range(num_drafted):
+            path = (0,) * (i + 1)
+            self.node_paths[path] = self.node_paths.get(path, 0) + 1
+
+    def record_tree(self, rank_paths: list[tuple[int, ...]], accepted_ranks: list[int], tested_last: bool,
+                    num_emitted: int) -> None:
+        """One tree pass: the rank path of every drafted node, the ranks of the candidates kept from depth 1 on,
+        whether the last node reached had candidates that were tried, and the tokens emitted."""
+        depth = max((len(p) for p in rank_paths), default=0)
+        accepted = len(accepted_ranks)
+        if accepted > depth or tuple(accepted_ranks) not in set(rank_paths) | {()}:
+            raise ValueError(f"accepted ranks {accepted_ranks} are not a path of the drafted tree")
+        self.passes += 1
+        self.drafted += len(rank_paths)
+        self.accepted += accepted
+        self.emitted += num_emitted
+        self._widen(depth)
+        for path in rank_paths:
+            self.drafted_at[len(path) - 1] += 1
+            self.node_paths[path] = self.node_paths.get(path, 0) + 1
+        for i in range(min(depth, accepted + int(tested_last))):
+            self.tested_at[i] += 1
+        for i, rank in enumerate(accepted_ranks):
+            self.accepted_at[i] += 1
+            self._count_rank(i, rank)
+
+    def _count_rank(self, depth: int, rank: int, n: int = 1) -> None:
+        while len(self.accepted_rank_at) <= depth:
+            self.accepted_rank_at.append([])
+        row = self.accepted_rank_at[depth]
+        row.extend([0] * (rank + 1 - len(row)))
+        row[rank] += n
+
+    def acceptance_by_rank(self) -> list[list[float]]:
+        """p[d][r]: how often, once the pass reached depth d + 1 with candidates, it kept the rank-r one."""
+        return [[n / self.tested_at[d] if self.tested_at[d] else 0.0 for n in row]
+                for d, row in enumerate(self.accepted_rank_at)]
+
+    def expected_tokens_by_rank(self, acceptance: list[list[float]] | None = None) -> float:
+        """Tokens per pass the drafted trees should yield under the per-depth, per-rank independence model, at
+        the acceptance measured here (`acceptance_by_rank`) or at ``acceptance`` measured elsewhere (another
+        run's table predicts what these trees would yield)."""
+        if not self.passes:
+            return float("nan")
+        p = self.acceptance_by_rank() if acceptance is None else acceptance
+        extra = sum(n * (expected_tree_tokens([path], p) - 1) for path, n in self.node_paths.items())
+        return 1 + extra / self.passes
 
     def _widen(self, size: int) -> None:
         """Keep the per-position lists as long as the longest draft seen."""
@@ -79,6 +137,11 @@ class SpecCounters:
                              (self.accepted_at, other.accepted_at)):
             for i, n in enumerate(theirs):
                 mine[i] += n
+        for depth, row in enumerate(other.accepted_rank_at):
+            for rank, n in enumerate(row):
+                self._count_rank(depth, rank, n)
+        for path, n in other.node_paths.items():
+            self.node_paths[path] = self.node_paths.get(path, 0) + n
 
     @property
     def acceptance_rate(self) -> float:
