@@ -71,3 +71,21 @@ class PagedKVCache:
             tensors += [*self.key_scale, *self.value_scale]
         for t in tensors:
             t[dst] = t[src]
+
+    def copy_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy single token slots ``src -> dst`` in every layer, per-slot scales included (speculative decoding
+        moves the KV of a token tree's accepted path into consecutive slots). All reads happen before writes."""
+        if len(src) != len(dst):
+            raise ValueError(f"{len(src)} source slots for {len(dst)} destinations")
+        if not src:
+            return
+        s = torch.tensor(src, device=self.device)
+        d = torch.tensor(dst, device=self.device)
+        tensors = [*self.key, *self.value]
+        if self._per_slot_scales:
+            tensors += [*self.key_scale, *self.value_scale]
+        for t in tensors:
+            flat = t.view(-1, *t.shape[2:])
+            if flat.element_size() == 1 and flat.is_floating_point():  # float8: CPU indexing kernels are missing
+                flat = flat.view(torch.uint8)
+            flat[d] = flat[s]

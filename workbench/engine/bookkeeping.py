@@ -8,13 +8,16 @@ recorder keeps the timeline, the proposer forgets the sequence; aborts come thro
 1. the KV of every fed token is now in the cache, except drafts, which wait for their verdict;
 2. a sequence whose prompt just completed forks its waiting siblings (n > 1), which share its logits row;
 3. the next token is sampled wherever one is due, and drafts are verified (greedy, or rejection sampling):
-   the newest token and the accepted drafts are now computed;
+   the newest token and the accepted drafts are now computed; for a token tree, the accepted path's KV is first
+   moved into the slots that follow the newest token (its nodes were verified in the tree's slots), and the
+   rejected branches' slots are left to be released or overwritten like unused lookahead;
 4. tokens are appended and stop conditions checked; slots reserved for drafts that were not used go back;
 5. the proposer hears which positions are real now (with their target features, if it reads them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +30,7 @@ from workbench.metrics.recorder import MetricsRecorder
 from workbench.metrics.step_ranges import step_range
 from workbench.sampling import probabilities, sample_batch
 from workbench.spec.proposer import Proposer
+from workbench.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
 from workbench.spec.verify import verify_greedy, verify_sampled
 
 
@@ -38,9 +42,11 @@ class CommitResult:
 
 class Bookkeeper:
     def __init__(self, scheduler: Scheduler, blocks: BlockManager, metrics: MetricsRecorder, eos_ids: set[int],
-                 proposer: Proposer | None):
+                 proposer: Proposer | None, move_kv: Callable[[list[int], list[int]], None] | None = None):
+        """``move_kv(src_slots, dst_slots)`` copies KV between cache slots (the runner's; needed for token trees)."""
         self.scheduler, self.blocks, self.metrics = scheduler, blocks, metrics
         self.eos_ids, self.proposer = set(eos_ids), proposer
+        self.move_kv = move_kv
 
     def commit(self, result: ForwardResult, now: float) -> CommitResult:
         due: list[tuple[Sequence, int]] = []  # (sequence, its logits row) for every token to sample
@@ -55,15 +61,16 @@ class Bookkeeper:
                 due += [(s, rows.first_logit_row) for s in (seq, *self.scheduler.fork(seq))]
         with step_range("sample"):
             touched = self._sample_due_tokens(due, result.logits, now)
-        accepted: dict[int, int] = {}
+        kept: dict[int, list[int]] = {}  # seq_id -> the verified rows that stand: the newest token, accepted drafts
         with step_range("verify"):
             for rows in verifying:
-                accepted[rows.item.seq.seq_id] = self._verify_drafts(rows, result.logits, now)
+                verify = self._verify_tree if rows.item.tree is not None else self._verify_drafts
+                kept[rows.item.seq.seq_id] = verify(rows, result.logits, now)
                 touched.append(rows.item.seq.request_id)
         for rows in result.items:
             self._release_unused_lookahead(rows.item.seq, rows.item.lookahead)
-        self._tell_proposer(result, accepted)
-        return CommitResult(list(dict.fromkeys(touched)), sum(accepted.values()))
+        self._tell_proposer(result, kept)
+        return CommitResult(list(dict.fromkeys(touched)), sum(len(k) - 1 for k in kept.values()))
 
     def finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         """The one way out for a sequence: stopped, out of length, or aborted."""
@@ -86,8 +93,8 @@ class Bookkeeper:
             self._append(seq, token, now)
         return [seq.request_id for seq in seqs]
 
-    def _verify_drafts(self, rows: ItemRows, logits: torch.Tensor, now: float) -> int:
-        """Accept a prefix of the drafts, append it and the target's own next token; returns the accepted count."""
+    def _verify_drafts(self, rows: ItemRows, logits: torch.Tensor, now: float) -> list[int]:
+        """Accept a prefix of the drafts, append it and the target's own next token; returns the rows kept."""
         item, seq = rows.item, rows.item.seq
         logits = logits[rows.first_logit_row: rows.first_logit_row + rows.num_logit_rows]
         if seq.params.greedy:
@@ -97,11 +104,35 @@ class Bookkeeper:
                                                seq.generator)
         seq.spec.record(len(item.drafts), accepted, len(emitted))
         computed = seq.num_computed_tokens + 1 + accepted  # the newest token and the accepted drafts have KV
+        self._append_verified(seq, emitted, computed, now)
+        return list(range(1 + accepted))
+
+    def _verify_tree(self, rows: ItemRows, logits: torch.Tensor, now: float) -> list[int]:
+        """Keep one root-to-node path of the tree, move its KV behind the newest token, append its tokens and the
+        target's own next one; returns the rows kept (tree nodes: the root, then the path)."""
+        tree, seq = rows.item.tree, rows.item.seq
+        logits = logits[rows.first_logit_row: rows.first_logit_row + rows.num_logit_rows]
+        if seq.params.greedy:
+            verdict = verify_tree_greedy(tree, logits)
+        else:
+            verdict = verify_tree_sampled(tree, probabilities(logits, seq.params), seq.generator)
+        paths = tree.rank_paths()
+        seq.spec.record_tree(paths, list(paths[verdict.path[-1] - 1]) if verdict.path else [], verdict.tested_last,
+                             len(verdict.emitted))
+        start = seq.num_computed_tokens  # the root's position: node i was verified in the slot of start + i
+        moved = [(node, start + 1 + depth) for depth, node in enumerate(verdict.path) if node != 1 + depth]
+        if moved:
+            self.move_kv([self.blocks.slot(seq.seq_id, start + node) for node, _ in moved],
+                         [self.blocks.slot(seq.seq_id, position) for _, position in moved])
+        self._append_verified(seq, verdict.emitted, start + 1 + verdict.accepted, now)
+        return [0, *verdict.path]
+
+    def _append_verified(self, seq: Sequence, emitted: list[int], computed: int, now: float) -> None:
+        """Append a verification's tokens; unless one stops the sequence, the first ``computed`` have KV."""
         for token in emitted:
             if self._append(seq, token, now):
-                return accepted
+                return
         self._mark_computed(seq, computed)
-        return accepted
 
     def _append(self, seq: Sequence, token: int, now: float) -> bool:
         """Append one generated token; finish the sequence if it hit a stop condition (returns True then)."""
@@ -122,7 +153,7 @@ class Bookkeeper:
         if lookahead and not seq.is_finished:
             self.blocks.truncate(seq.seq_id, seq.num_tokens)
 
-    def _tell_proposer(self, result: ForwardResult, accepted: dict[int, int]) -> None:
+    def _tell_proposer(self, result: ForwardResult, kept: dict[int, list[int]]) -> None:
         """Which positions are real now (and, if the proposer reads them, their target features)."""
         if self.proposer is None:
             return
@@ -130,8 +161,12 @@ class Bookkeeper:
             seq = rows.item.seq
             if seq.is_finished:
                 continue
-            valid = 1 + accepted[seq.seq_id] if rows.item.drafts else rows.num_fed
+            valid = len(kept[seq.seq_id]) if rows.item.drafts else rows.num_fed
             computed = seq.num_computed_tokens
             if self.proposer.needs_target_features:
-                self.proposer.observe(seq, computed - valid, result.features[rows.first_row: rows.first_row + valid])
+                if rows.item.tree is None:
+                    features = result.features[rows.first_row: rows.first_row + valid]
+                else:  # the kept nodes' rows, wherever the tree put them
+                    features = result.features[[rows.first_row + node for node in kept[seq.seq_id]]]
+                self.proposer.observe(seq, computed - valid, features)
             self.proposer.rollback(seq, computed)

@@ -40,6 +40,7 @@ from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
 from workbench.prompts import eos_token_ids
 from workbench.spec.proposer import Proposer, build_proposer
+from workbench.spec.tree_draft import TreeShape
 
 
 class LLMEngine:
@@ -64,6 +65,10 @@ class LLMEngine:
                                    enable_prefix_caching=self.cache_config.enable_prefix_caching)
         self.spec_config = spec_config
         self.proposer: Proposer | None = None
+        self.tree_shape = _tree_shape(spec_config)
+        if self.tree_shape is not None and batch_invariant:
+            raise ValueError("the batch-invariant mode attends without a tree mask: use a chain (no tree_branching "
+                             "or tree_budget) or turn batch_invariant off")
         if spec_config is not None:
             self.proposer = build_proposer(spec_config, target=model, blocks=self.blocks, draft_model=draft_model)
         self.scheduler = Scheduler(self.scheduler_config, self.blocks)
@@ -78,7 +83,8 @@ class LLMEngine:
                                   batch_invariant=batch_invariant)
         self.metrics = MetricsRecorder()
         self.eos_ids = eos_token_ids(tokenizer) if tokenizer is not None else set()
-        self.bookkeeper = Bookkeeper(self.scheduler, self.blocks, self.metrics, self.eos_ids, self.proposer)
+        self.bookkeeper = Bookkeeper(self.scheduler, self.blocks, self.metrics, self.eos_ids, self.proposer,
+                                     move_kv=self.runner.move_slots)
         self.limits = RequestLimits.of(model.spec, self.cache_config, self.scheduler_config, num_blocks)
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
@@ -101,7 +107,8 @@ class LLMEngine:
                     num_speculative_tokens: int | None = None, priority: int = 0) -> str:
         """Queue a request; returns its id. Bad input raises ValueError and leaves the engine untouched.
 
-        ``num_speculative_tokens`` overrides the engine's K for this request (0: no speculation). ``priority``
+        ``num_speculative_tokens`` overrides the engine's K for this request (0: no speculation; with a token tree,
+        the most levels it may draft). ``priority``
         (lower first) matters only with ``SchedulerConfig(scheduling_policy="priority")``."""
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if request_id in self.requests:
@@ -112,19 +119,27 @@ class LLMEngine:
         request = new_request(
             request_id, prompt, params or SamplingParams(), tokenizer=self.tokenizer, limits=self.limits,
             blocks=self.blocks, seq_ids=self._seq_ids, chat=chat, spec_k=spec_k, priority=priority,
-            arrival_time=self.clock() if arrival_time is None else arrival_time, device=self.model.device)
+            arrival_time=self.clock() if arrival_time is None else arrival_time, device=self.model.device,
+            spec_slots=self._tree_slots() if spec_k else 0)
         self.scheduler.add(request.seqs[0], siblings=request.seqs[1:])
         self.requests[request_id] = request
         return request_id
 
     def _spec_k(self, requested: int | None) -> int:
         if requested is None:
-            return self.spec_config.num_speculative_tokens if self.spec_config else 0
+            return self.spec_config.depth if self.spec_config else 0
         if not isinstance(requested, int) or not 0 <= requested <= 16:
             raise ValueError(f"num_speculative_tokens must be an integer in [0, 16], got {requested!r}")
         if requested and self.proposer is None:
             raise ValueError("speculative decoding is off in this engine: create it with a spec_config")
         return requested
+
+    def _tree_slots(self) -> int:
+        """Slots a tree pass takes beyond the newest token: its nodes (and the draft's scratch), 0 for chains."""
+        shape = self.tree_shape
+        if shape is None:
+            return 0
+        return shape.budget if self.spec_config.method == "ngram" else shape.num_slots
 
     def abort(self, request_id: str) -> None:
         """Stop a request now; its blocks are freed at once."""
@@ -168,7 +183,12 @@ class LLMEngine:
             return
         self.proposer.copy_blocks(out.block_copies)
         items = [d for d in out.decodes if d.lookahead > 0]
-        if items:
+        if items and self.tree_shape is not None:
+            trees = self.proposer.propose_tree([(d.seq, d.lookahead, d.seq.draft_depth) for d in items],
+                                               self.tree_shape)
+            for item, tree in zip(items, trees, strict=True):
+                item.set_tree(tree)
+        elif items:
             proposals = self.proposer.propose([(d.seq, d.lookahead) for d in items])
             for item, (drafts, probs) in zip(items, proposals, strict=True):
                 item.set_drafts(drafts, probs)
@@ -219,3 +239,12 @@ class LLMEngine:
                     time.sleep(0.001)  # dynamic batching waiting for its timer
                 bar.update(sum(r.finished for r in requests.values()) - bar.n)
         return [build_output(requests[rid]) for rid in ids]
+
+
+def _tree_shape(config: SpecConfig | None) -> TreeShape | None:
+    """The token tree a config asks for, None for chains."""
+    if config is None or not config.is_tree:
+        return None
+    if config.tree_branching:
+        return TreeShape(branching=config.tree_branching)
+    return TreeShape(budget=config.tree_budget, top_k=config.tree_top_k, depth=config.num_speculative_tokens)

@@ -1,7 +1,8 @@
 """Turns the scheduler's decision into one forward pass: flat token ids, positions and paged-cache metadata.
 
 For every scheduled sequence the runner feeds tokens ``num_computed_tokens`` onwards (the rest of a prompt
-chunk, the newest token, or the newest token plus speculative drafts) at their absolute positions, maps each to
+chunk, the newest token, or the newest token plus speculative drafts, as a chain or a token tree) at their
+absolute positions (a tree node's is its depth past the newest token's), maps each to
 the cache slot the block manager reserved, and asks for logits only where they are needed: the last row of a
 sequence whose tokens are now all computed, or every row of a sequence verifying drafts. It makes no
 decisions: what runs was decided by the scheduler, what the logits become is decided by the engine.
@@ -19,7 +20,7 @@ from workbench.cache.block_manager import BlockManager
 from workbench.cache.invariant_attention import BatchInvariantAttention
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
-from workbench.cache.paged_batch import BatchEntry, build_paged_batch
+from workbench.cache.paged_batch import BatchEntry, build_paged_batch, tree_entry
 from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.scheduler import ScheduledSeq
 from workbench.metrics.step_ranges import step_range
@@ -66,6 +67,10 @@ class ModelRunner:
         self.taps = tuple(taps)
         self.graphs = graphs
 
+    def move_slots(self, src: list[int], dst: list[int]) -> None:
+        """Copy the KV of token slots ``src`` into ``dst`` (a verified tree's accepted path into place)."""
+        self.cache.copy_slots(src, dst)
+
     @torch.inference_mode()
     def execute(self, scheduled: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> ForwardResult:
         """One forward over the whole mixed batch (the batch builder puts single-token rows first)."""
@@ -75,7 +80,10 @@ class ModelRunner:
             for item in scheduled:
                 seq, start = item.seq, item.seq.num_computed_tokens
                 tokens = seq.token_ids[start: start + item.num_new_tokens - len(item.drafts)] + item.drafts
-                entries.append(BatchEntry(seq.seq_id, start, tokens))
+                if item.tree is None:
+                    entries.append(BatchEntry(seq.seq_id, start, tokens))
+                else:  # one node per slot from ``start`` on, at positions start + depth
+                    entries.append(tree_entry(seq.seq_id, start, tokens, item.tree.parents))
             batch = build_paged_batch(self.blocks, entries, self.device)
             logit_rows: list[int] = []
             items = []

@@ -32,6 +32,7 @@ from workbench.cache.block_manager import BlockManager
 from workbench.config import SchedulerConfig
 from workbench.engine.admission_policy import AdmissionPolicy
 from workbench.engine.sequence import FinishReason, Sequence, SequenceStatus
+from workbench.spec.tree import DraftTree
 
 
 @dataclass(slots=True)
@@ -41,11 +42,23 @@ class ScheduledSeq:
     lookahead: int = 0  # slots reserved for speculative drafts beyond the newest token
     drafts: list[int] = field(default_factory=list)  # filled by the engine's proposer before the forward
     draft_probs: torch.Tensor | None = None  # [len(drafts), vocab] distributions the drafts came from, or None
+    tree: DraftTree | None = None  # when the drafts are a token tree's nodes (breadth first, after its root)
 
     def set_drafts(self, drafts: list[int], probs: torch.Tensor | None) -> None:
         self.drafts = drafts[: self.lookahead]
         self.draft_probs = probs[: len(self.drafts)] if probs is not None else None
         self.num_new_tokens = 1 + len(self.drafts)
+
+    def set_tree(self, tree: DraftTree | None) -> None:
+        """Verify a token tree rooted at the newest token (None or a bare root: a plain decode)."""
+        if tree is None or not tree.num_drafted:
+            return
+        if tree.num_drafted > self.lookahead or tree.tokens[0] != self.seq.token_ids[-1]:
+            raise RuntimeError(f"seq {self.seq.seq_id}: a tree of {tree.num_drafted} drafted nodes rooted at token "
+                               f"{tree.tokens[0]} does not fit {self.lookahead} slots after token "
+                               f"{self.seq.token_ids[-1]}")
+        self.tree, self.drafts, self.draft_probs = tree, tree.draft_tokens, None
+        self.num_new_tokens = tree.num_nodes
 
 
 @dataclass(slots=True)

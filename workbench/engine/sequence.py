@@ -51,7 +51,8 @@ class Sequence:
     blocks: BlockManager | None = field(default=None, repr=False)  # owns num_computed_tokens (None: no engine)
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
-    spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence)
+    spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence); a tree's depth
+    spec_slots: int = 0  # slots a token tree needs beyond the newest token (0: the drafts form a chain)
     priority: int = 0  # lower runs first under the priority scheduling policy (as in vLLM)
     num_prompt_tokens: int = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
@@ -107,9 +108,15 @@ class Sequence:
         return min(self.params.max_tokens - self.num_output_tokens, self.max_total_tokens - self.num_tokens)
 
     @property
-    def lookahead(self) -> int:
-        """Drafts worth verifying next step: a pass emits up to drafts + 1 tokens, never more than remain."""
+    def draft_depth(self) -> int:
+        """Drafts worth verifying in a row next step: a pass emits up to drafts + 1 tokens, never more than remain."""
         return max(0, min(self.spec_k, self.num_remaining_tokens - 1)) if self.is_decoding else 0
+
+    @property
+    def lookahead(self) -> int:
+        """Slots to reserve beyond the newest token: the chain's drafts, or a token tree's nodes."""
+        depth = self.draft_depth
+        return self.spec_slots if self.spec_slots and depth else depth
 
     @property
     def is_finished(self) -> bool:
