@@ -163,6 +163,23 @@ def test_a_poor_draft_changes_nothing_but_speed(real_model, tokenizer, expected)
     check_idle(engine)
 
 
+def test_the_trained_head_keeps_drafting_on_a_repeated_prompt(real_model, tokenizer, expected):
+    """The second run of a greedy request fills blocks the first one cached, so the block manager swaps them in
+    and the head must catch up from the swapped block's start: it used to lack the features there and stopped
+    drafting for the rest of the request (20 of 48 steps drafted nothing)."""
+    from workbench.spec.draft_head import load_draft
+
+    engine = spec_engine(real_model, tokenizer, SpecConfig("draft", 4), draft=load_draft(real_model))
+    first = engine.generate(PROMPTS[1:2], SamplingParams(max_tokens=32), progress=False)[0].token_ids
+    engine.metrics.reset()
+    again = engine.generate(PROMPTS[1:2], SamplingParams(max_tokens=32), progress=False)[0].token_ids
+    assert first == again == expected[1]
+    steps = engine.metrics.step_frame()
+    decodes = steps[(steps["num_prefill_tokens"] == 0) & (steps["num_decode_seqs"] > 0)]
+    assert (decodes["num_drafted_tokens"] == 0).sum() <= 1  # only a last step with one token left may skip
+    check_idle(engine)
+
+
 def test_k_per_request(real_model, tokenizer, expected):
     engine = spec_engine(real_model, tokenizer, SpecConfig("ngram", 4))
     engine.add_request(PROMPTS[0], SamplingParams(max_tokens=32), num_speculative_tokens=0, request_id="off")

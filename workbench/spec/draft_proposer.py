@@ -46,14 +46,20 @@ class DraftProposer:
     # --------------------------------------------------------------------------------------- engine hooks
     @torch.inference_mode()
     def observe(self, seq: DraftingSequence, start: int, hidden: torch.Tensor) -> None:
-        """Keep the target's features of positions start.. (only those not yet fed to the head), already fused
-        into the head's input width when it reads several layers."""
+        """Keep the target's features of positions start.. (those not yet fed to the head, and the rest of the
+        block holding the first of them), already fused into the head's input width when it reads several layers.
+
+        The rest of that block is kept because `_checked_valid` may send the head back to its start: when the
+        block just filled turns out to hold what a cached block holds, the block manager swaps the table entry
+        to the cached block, and the head must then catch up from the block's start (without those features it
+        could not draft again for the rest of the sequence: a repeated prompt stopped drafting after ~30 tokens)."""
         hidden = self.draft.fuse_features(hidden)
         first, feats = self._features.get(seq.seq_id, (start, hidden[:0]))
         if first + len(feats) != start:  # a gap (e.g. after a preemption): restart the buffer here
             first, feats = start, hidden[:0]
         feats = torch.cat([feats, hidden])
-        keep_from = max(self._valid.get(seq.seq_id, 0), first) - first
+        valid = self._valid.get(seq.seq_id, 0)
+        keep_from = max(valid - valid % self.cache.block_size, first) - first
         self._features[seq.seq_id] = (first + keep_from, feats[keep_from:].clone())
 
     def rollback(self, seq: DraftingSequence, num_valid: int) -> None:
