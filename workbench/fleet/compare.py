@@ -172,18 +172,22 @@ def classify(requests: pd.DataFrame) -> pd.Series:
     return requests.apply(one, axis=1)
 
 
-def router_counters(fleet: Fleet) -> dict[str, float]:
-    """The router's own counters (its Prometheus endpoint), summed over their labels; failures only for
-    ``worker_failures``."""
+def router_counters(fleet: Fleet, worker: str | None = None) -> dict[str, float]:
+    """The router's own counters (its Prometheus endpoint), summed over their labels (failures only, for
+    ``worker_failures``); with ``worker``, also that worker's circuit-breaker state (``circuit_state``: 0 closed,
+    1 open, 2 half-open) and health as the router sees it (``worker_healthy``: 1 or 0)."""
     text = httpx.get(fleet.router.metrics_url, timeout=5.0).text
     totals = dict.fromkeys(ROUTER_COUNTERS, 0.0)
     by_name = {name: key for key, name in ROUTER_COUNTERS.items()}
+    per_worker = {"vllm_router_cb_state": "circuit_state", "vllm_router_worker_health": "worker_healthy"}
     for _at, name, _le, labels, value in parse_exposition(text, 0.0):
         key = by_name.get(name)
         if key == "worker_failures" and 'outcome="failure"' not in labels:
             continue
         if key is not None:
             totals[key] += value
+        elif worker is not None and name in per_worker and f'worker="{worker}"' in labels:
+            totals[per_worker[name]] = value
     return totals
 
 
@@ -219,4 +223,4 @@ def run_with_failure(fleet: Fleet, *, policy: str = "cache_aware", retries: bool
     requests["when"] = ["sent after the kill" if s >= kill_s else
                         ("under way at the kill" if e > kill_s else "done before the kill")
                         for s, e in zip(requests["start_s"], requests["end_s"], strict=True)]
-    return FailureRun(policy, retries, victim.index, kill_s, requests, router_counters(fleet), timeout_s)
+    return FailureRun(policy, retries, victim.index, kill_s, requests, router_counters(fleet, victim.url), timeout_s)
