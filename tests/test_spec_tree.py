@@ -304,3 +304,22 @@ def test_tree_config_budget_and_depth():
     assert dynamic.depth == 5 and dynamic.verify_positions == 13
     assert SpecConfig("draft", 6).verify_positions == 7 and not SpecConfig("draft", 6).is_tree
 
+
+
+def test_serve_options_build_tree_configs():
+    import argparse
+
+    from workbench.serve.options import add_engine_arguments, engine_configs
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    static = engine_configs(parser.parse_args(["--speculative-method", "draft", "--speculative-tree", "3,2,1"]))
+    assert static["spec_config"].tree_branching == (3, 2, 1)
+    dynamic = engine_configs(parser.parse_args(["--speculative-method", "ngram", "--speculative-tree-budget", "8",
+                                                "--num-speculative-tokens", "5"]))["spec_config"]
+    assert (dynamic.tree_budget, dynamic.depth, dynamic.is_tree) == (8, 5, True)
+    assert not engine_configs(parser.parse_args(["--speculative-method", "draft"]))["spec_config"].is_tree
+    with pytest.raises(ValueError, match="needs method 'draft'"):
+        engine_configs(parser.parse_args(["--speculative-method", "ngram", "--speculative-tree", "2,2"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--speculative-tree", "3,x"])

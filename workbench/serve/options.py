@@ -39,6 +39,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--speculative-method", choices=SPEC_METHODS, default=None,
                         help="speculative decoding: ngram (prompt lookup) or draft (default: off)")
     engine.add_argument("--num-speculative-tokens", type=int, default=4)
+    engine.add_argument("--speculative-tree", type=_branching, default=(), metavar="B1,B2,...",
+                        help="draft a static token tree: children per node at each depth, e.g. 3,2,1 (draft only)")
+    engine.add_argument("--speculative-tree-budget", type=int, default=0, metavar="NODES",
+                        help="draft a dynamic token tree of NODES nodes, --num-speculative-tokens deep")
     engine.add_argument("--batch-invariant", action="store_true",
                         help="every request's logits independent of the rest of its batch (bit-identical greedy "
                              "answers under any traffic; slower): vLLM's VLLM_BATCH_INVARIANT=1, SGLang's "
@@ -76,8 +80,17 @@ def engine_configs(args: argparse.Namespace) -> dict:
         configs["batch_invariant"] = True
     if args.speculative_method is not None:
         configs["spec_config"] = SpecConfig(method=args.speculative_method,
-                                            num_speculative_tokens=args.num_speculative_tokens)
+                                            num_speculative_tokens=args.num_speculative_tokens,
+                                            tree_branching=getattr(args, "speculative_tree", ()),
+                                            tree_budget=getattr(args, "speculative_tree_budget", 0))
     return configs
+
+
+def _branching(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected children per depth as integers, e.g. 3,2,1; got {text!r}") from None
 
 
 def api_key_from(args: argparse.Namespace) -> str | None:
