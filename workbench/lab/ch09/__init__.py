@@ -18,6 +18,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "start_fleet": "runs", "fleet_label": "runs", "pool_tenants": "runs", "compare_policies": "runs",
     "policy_table": "runs", "replica_table": "runs", "tenant_sweep": "runs", "failure_run": "runs",
     "outcome_table": "runs", "scrape_replicas": "runs", "router_metrics_source": "runs", "router_workers": "runs",
+    "bench_through_router": "runs", "warm_up": "runs",
     "PolicyLab": "panels", "TenantsLab": "panels", "FailureLab": "panels",
     "exercises": "ending", "closing_table": "ending",
     "Fleet": "workbench.fleet.launcher", "tenant_prompt": "workbench.fleet.tenants",
