@@ -1,1 +1,26 @@
-"""Chapter 01 of the course: its measurements (runs), panels and ending (exercises, closing table)."""
+"""Chapter 1, how attention works and why it costs: N² attention against the linear parts of a layer, time to
+first token against prompt length, the N² memory of materialised scores, and the KV memory of MHA/GQA/MQA/SWA
+read from real configs.
+
+    attention_cost.py   FLOPs per layer part and the crossover length from a config; one layer's parts timed
+    runs.py             result objects: LayerTiming, ContextTTFT (with the chapter's Baseline), KVMemory
+    memory.py           one layer's activation peak, materialised vs fused (AttentionMemory, TensorPeak)
+    panels.py           LayerScalingLab, KVMemoryLab
+    panels_prefill.py   ContextTTFTLab, AttentionMemoryLab
+    ending.py           the exercises and the closing table
+"""
+
+from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, {
+    **NOTEBOOK_NAMES,
+    "PARTS": "attention_cost", "layer_flops": "attention_cost", "crossover_length": "attention_cost",
+    "flop_table": "attention_cost", "flop_table_text": "attention_cost",
+    "linear_params_per_layer": "attention_cost", "time_layer_parts": "attention_cost",
+    "LayerTiming": "runs", "ContextTTFT": "runs", "KVMemory": "runs", "layer_timing": "runs", "context_ttft": "runs",
+    "kv_memory": "runs",
+    "AttentionMemory": "memory", "TensorPeak": "memory", "attention_memory": "memory",
+    "LayerScalingLab": "panels", "KVMemoryLab": "panels",
+    "ContextTTFTLab": "panels_prefill", "AttentionMemoryLab": "panels_prefill",
+    "exercises": "ending", "closing_table": "ending",
+})

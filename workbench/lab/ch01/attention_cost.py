@@ -1,16 +1,16 @@
-"""Where the time of one decoder layer goes as the sequence grows: chapter 1's measurements.
+"""Where the time of one decoder layer goes as the sequence grows: chapter 1's FLOP counts and layer timing.
 
 A layer does two kinds of work on a prefill of N tokens. The linear parts (the q/k/v and output projections,
 the MLP) multiply each token by fixed weight matrices: cost proportional to N. Attention compares every query
 with every earlier key: cost proportional to N². Which one dominates depends on N and on the layer's width, so
 this module both counts FLOPs from a ``ModelSpec`` (exact, any config) and times the real operations of a
-loaded model's layer (on whatever device it lives on). Plain torch and pandas: no widgets here.
+loaded model's layer (on whatever device it lives on), each part the fastest of several runs after a warm-up
+(`workbench.timing.best_seconds`). Plain torch and pandas: no widgets here.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Sequence
 
 import pandas as pd
@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from workbench.config import ModelSpec
 from workbench.models.attention import causal_attention
 from workbench.models.llama import LlamaModel
+from workbench.progress import ProgressFn
+from workbench.timing import best_seconds
 
 PARTS = ("attention", "qkv + output projections", "MLP")
 
@@ -126,26 +128,6 @@ def _mlp(block, x: torch.Tensor) -> torch.Tensor:
     return block.down_proj(F.silu(gate) * up)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def best_time(fn: Callable[[], object], device: torch.device, *, min_repeats: int = 3,
-              min_total_s: float = 0.15) -> float:
-    """Fastest of several runs after a warm-up, in seconds: the minimum is the run least disturbed by
-    other work on a shared machine. Repeats until ``min_total_s`` has passed (at least ``min_repeats``)."""
-    fn()
-    _sync(device)
-    times: list[float] = []
-    while len(times) < min_repeats or sum(times) < min_total_s:
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def _part_runners(model: LlamaModel, layer: int, n: int, window: int | None) -> dict[str, Callable[[], object]]:
     """Zero-argument callables running each part of ``model.layers[layer]`` on random activations of n tokens."""
     spec, block = model.spec, model.layers[layer]
@@ -171,7 +153,7 @@ def _part_runners(model: LlamaModel, layer: int, n: int, window: int | None) -> 
 
 @torch.inference_mode()
 def time_layer_parts(model: LlamaModel, lengths: Sequence[int], *, window: int | None = None, layer: int = 0,
-                     progress: Callable[[int, int, str], None] | None = None) -> pd.DataFrame:
+                     progress: ProgressFn | None = None) -> pd.DataFrame:
     """Seconds one layer of ``model`` spends in each part for a causal prefill of each length.
 
     The layer's own weights and the workbench's attention op run on random activations of the right shapes
@@ -181,7 +163,8 @@ def time_layer_parts(model: LlamaModel, lengths: Sequence[int], *, window: int |
         if progress is not None:
             progress(i, len(lengths), f"timing N = {n:,}")
         runners = _part_runners(model, layer, n, window)
-        times = {part: best_time(run, model.device) for part, run in runners.items()}
+        times = {part: best_seconds(run, model.device, repeats=3, min_total_s=0.15)
+                 for part, run in runners.items()}
         flops = layer_flops(model.spec, n, window)
         rows.append({"tokens": n, **{f"{p} s": t for p, t in times.items()},
                      **{f"{p} GFLOP": f / 1e9 for p, f in flops.items()}})

@@ -1,9 +1,5 @@
-"""Chapter 1's end-to-end measurements on a loaded model: time to first token against prompt length, and the
-memory attention needs when its N x N scores are materialised versus what a fused kernel keeps.
-
-The course states that TTFT is driven by prefill and that attention's cost grows with N²; both are measured
-here rather than asserted. TTFT is timed through the workbench's single-sequence generation loop (prefill of
-the whole prompt, then one sampled token), next to the time of the decode step that follows it.
+"""Chapter 1's memory measurement: what attention needs when its N x N scores are materialised versus what a
+fused kernel keeps, for one decoder layer of a loaded model.
 
 Memory is counted per tensor. On CUDA the allocator's own high-water mark is exact. A CPU has no allocator
 statistics, and the process's peak resident set (what ``workbench.engine.memory_probe`` reads there) misses
@@ -17,53 +13,17 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from workbench.config import SamplingParams
-from workbench.generation import stream_token_ids
+from workbench.lab.ch01.attention_cost import loglog_slope
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
-from workbench.workloads import prompt_of_length
-
-ProgressFn = Callable[[int, int, str], None]
-
-
-def _progress(progress: ProgressFn | None, done: int, total: int, text: str) -> None:
-    if progress is not None:
-        progress(done, total, text)
-
-
-# ------------------------------------------------------------------------------------------------- TTFT
-def _first_two_tokens(model: LlamaModel, prompt: list[int]) -> tuple[float, float]:
-    """(TTFT, the decode step after it) in seconds, for one greedy request with a KV cache."""
-    events = list(stream_token_ids(model, prompt, SamplingParams(max_tokens=2, ignore_eos=True)))
-    return events[0].time_s, events[1].time_s - events[0].time_s
-
-
-def ttft_sweep(model: LlamaModel, tokenizer, lengths: Sequence[int], *, repeats: int = 2,
-               progress: ProgressFn | None = None) -> pd.DataFrame:
-    """TTFT and the next decode step for prompts of each length (fastest of ``repeats``, after a warm-up).
-
-    The fastest run is the one least disturbed by other work on a shared machine."""
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if max(lengths) >= model.spec.max_context:
-        raise ValueError(f"prompt lengths must stay below the model's context of {model.spec.max_context:,}, "
-                         f"got {max(lengths):,}")
-    _first_two_tokens(model, prompt_of_length(tokenizer, min(lengths)))  # first calls allocate and pick kernels
-    rows = []
-    for i, n in enumerate(lengths):
-        _progress(progress, i, len(lengths), f"prefill of {n:,} tokens")
-        prompt = prompt_of_length(tokenizer, n)
-        runs = [_first_two_tokens(model, prompt) for _ in range(repeats)]
-        rows.append({"prompt_tokens": n, "ttft_ms": 1e3 * min(r[0] for r in runs),
-                     "decode_step_ms": 1e3 * min(r[1] for r in runs)})
-    _progress(progress, len(lengths), len(lengths), "done")
-    return pd.DataFrame(rows).set_index("prompt_tokens")
+from workbench.progress import ProgressFn, no_progress
 
 
 # ----------------------------------------------------------------------------------------------- memory
@@ -159,16 +119,54 @@ def layer_kv_bytes(model: LlamaModel, n: int) -> int:
     return 2 * spec.num_kv_heads * spec.head_dim * n * model.embed_tokens.weight.element_size()
 
 
+@dataclass(frozen=True)
+class AttentionMemory:
+    """Per prompt length (index ``tokens``): one layer's activation peak with fused and with materialised
+    attention, the score matrix's size and the layer's KV bytes (bytes)."""
+
+    frame: pd.DataFrame
+    counted_by: str  # "CUDA allocator" or "tensor bytes counted by the workbench"
+
+    def _last(self, column: str) -> float:
+        return float(self.frame[column].iloc[-1])
+
+    @property
+    def tokens(self) -> int:
+        return int(self.frame.index[-1])
+
+    @property
+    def materialized_bytes(self) -> float:
+        return self._last("materialized_bytes")
+
+    @property
+    def fused_bytes(self) -> float:
+        return self._last("fused_bytes")
+
+    @property
+    def ratio(self) -> float:
+        """Materialised over fused peak at the longest N."""
+        return self.materialized_bytes / self.fused_bytes
+
+    @property
+    def scores_over_kv(self) -> float:
+        return self._last("score_matrix_bytes") / self._last("layer_kv_bytes")
+
+    def slope(self, column: str) -> float:
+        """Log-log slope of ``column`` over the longer half of the lengths."""
+        upper = self.frame.iloc[len(self.frame) // 2:]
+        return loglog_slope(upper.index, upper[column])
+
+
 def attention_memory(model: LlamaModel, lengths: Sequence[int], *,
-                     progress: ProgressFn | None = None) -> pd.DataFrame:
-    """Per prompt length: one layer's activation peak with fused and with materialised attention, the score
-    matrix's size, and the layer's KV bytes (bytes)."""
+                     progress: ProgressFn = no_progress) -> AttentionMemory:
+    """One layer's activation peak with fused and with materialised attention at each prompt length, the score
+    matrix's size, and the layer's KV bytes."""
     rows = []
     for i, n in enumerate(lengths):
-        _progress(progress, i, len(lengths), f"N = {n:,}")
+        progress(i, len(lengths), f"N = {n:,}")
         rows.append({"tokens": n, "fused_bytes": layer_activation_peak(model, n, materialize=False),
                      "materialized_bytes": layer_activation_peak(model, n, materialize=True),
                      "score_matrix_bytes": score_matrix_bytes(model, n), "layer_kv_bytes": layer_kv_bytes(model, n)})
-    _progress(progress, len(lengths), len(lengths), "done")
-    return pd.DataFrame(rows).set_index("tokens")
-
+    progress(len(lengths), len(lengths), "done")
+    counted = "CUDA allocator" if model.device.type == "cuda" else "tensor bytes counted by the workbench"
+    return AttentionMemory(pd.DataFrame(rows).set_index("tokens"), counted)
