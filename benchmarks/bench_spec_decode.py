@@ -12,9 +12,16 @@ Greedy, fp32, the real SmolLM2-135M. Three measurements:
    weights, so the extra positions are nearly free, but a batch already amortises the weights and the extra
    positions cost real compute, so the gain shrinks as the batch grows.
 
+4. **Chain vs token trees at the same verification budget** (held-out chat prompts, batch 1, the trained
+   draft): for K = 4, 8, 16 drafted nodes per pass (K + 1 positions per target forward), a chain of K, a static
+   tree of K nodes and a dynamic tree of K nodes (`workbench.spec.tree_compare`): tokens per target pass
+   measured, beside the yield the per-depth, per-rank acceptance predicts (from the run itself, and from the
+   widest static tree's acceptance: a prediction made without running the layout), the draft and verify time
+   per pass, r = verify / plain forward, and the decode speedup on this CPU.
+
 Every speculative run is checked token for token against plain decoding.
 
-    .venv/bin/python benchmarks/bench_spec_decode.py [--max-tokens 96] [--k 4]
+    .venv/bin/python benchmarks/bench_spec_decode.py [--max-tokens 96] [--k 4] [--parts chain,trees] [--threads N]
 """
 
 from __future__ import annotations
@@ -24,12 +31,14 @@ import json
 import time
 
 import pandas as pd
+import torch
 
 import workbench
-from workbench.config import SamplingParams, SchedulerConfig, SpecConfig
+from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.data import load_prompts
 from workbench.engine.llm_engine import LLMEngine
 from workbench.spec.draft_head import load_draft
+from workbench.spec.tree_compare import compare_layouts, layouts_at_budget
 
 METHODS = ("plain", "ngram", "draft")
 
@@ -71,18 +80,46 @@ def compare(model, tokenizer, draft, prompts: list[str], params: SamplingParams,
     return frame
 
 
+def trees(model, tokenizer, draft, prompts: list[str], budgets: list[int], max_tokens: int) -> dict:
+    """Part 4: chain vs static and dynamic trees at each budget; prints the table, returns the JSON part."""
+    def make_engine(spec: SpecConfig | None) -> LLMEngine:
+        return LLMEngine(model, tokenizer, spec_config=spec, draft_model=draft if spec is not None else None,
+                         cache_config=CacheConfig(memory_budget_bytes=256 * 2**20),
+                         scheduler_config=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=2048))
+
+    layouts = [layout for k in budgets for layout in layouts_at_budget(k)]
+    frame = compare_layouts(make_engine, prompts, layouts, max_tokens=max_tokens)
+    print(f"\n== chain vs token trees at equal verification budgets (held-out chat, {len(prompts)} prompts x "
+          f"{max_tokens} tokens, batch 1; expected_from_probe uses {frame.attrs['probe']}'s acceptance)")
+    print(frame.round(3).to_string(index=False))
+    cols = ["positions", "tokens_per_pass", "expected_tokens", "expected_from_probe", "draft_ms", "verify_ms", "r",
+            "speedup"]
+    return {row["layout"]: {c: round(float(row[c]), 3) for c in cols} for _, row in frame.iterrows()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--chat-prompts", type=int, default=8, help="held-out chat prompts used in part 2")
+    parser.add_argument("--chat-prompts", type=int, default=8, help="held-out chat prompts used in parts 2 and 4")
+    parser.add_argument("--parts", default="chain,trees",
+                        help="chain: parts 1-3 (plain, prompt lookup, draft); trees: part 4 (chain vs trees)")
+    parser.add_argument("--budgets", default="4,8,16", help="part 4: drafted nodes per pass")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parts = set(args.parts.split(","))
     model, tokenizer = workbench.load_model(device="cpu")
     draft = load_draft(model)
     params = SamplingParams(max_tokens=args.max_tokens)
     grounded = load_prompts("grounded")
     chat = load_prompts("draft_heldout")[:args.chat_prompts]
     pd.set_option("display.width", 200)
+    if "chain" not in parts:
+        tree_part = trees(model, tokenizer, draft, chat, [int(k) for k in args.budgets.split(",")], args.max_tokens)
+        print(json.dumps({"trees": tree_part}))
+        return
 
     print(f"== batch 1, input-grounded tasks ({len(grounded)} prompts, {args.max_tokens} tokens, K={args.k})")
     part1 = compare(model, tokenizer, draft, grounded, params, args.k, batch=1)
@@ -98,6 +135,9 @@ def main() -> None:
     pivot = part3.pivot(index="batch", columns="method", values="speedup")
     print(pivot.round(2).to_string())
 
+    tree_part = {}
+    if "trees" in parts:
+        tree_part = trees(model, tokenizer, draft, chat, [int(k) for k in args.budgets.split(",")], args.max_tokens)
     speed = lambda frame, m: round(float(frame.loc[frame["method"] == m, "speedup"].iloc[0]), 3)  # noqa: E731
     print(json.dumps({
         "grounded_batch1_speedup": {m: speed(part1, m) for m in METHODS},
@@ -105,6 +145,7 @@ def main() -> None:
         "draft_acceptance_chat": round(float(part2.loc[part2["method"] == "draft", "acceptance_rate"].iloc[0]), 3),
         "draft_alpha_chat": round(float(part2.loc[part2["method"] == "draft", "alpha"].iloc[0]), 3),
         "speedup_by_batch": {int(b): {m: round(float(v), 3) for m, v in row.items()} for b, row in pivot.iterrows()},
+        "trees": tree_part,
     }))
 
 

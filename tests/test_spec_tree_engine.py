@@ -193,3 +193,27 @@ def test_sampling_through_trees_keeps_the_target_distribution_in_the_engine():
         stat, df = chi2(counts, want)
         assert stat < chi2_critical(df), (spec, stat, df)
         check_idle(engine)
+
+
+def test_chain_and_trees_compared_at_the_same_budget(one_torch_thread):
+    """`compare_layouts` (chapter 7 and bench_spec_decode): equal positions per pass, the greedy output checked
+    against plain decoding, and the measured yield beside the per-depth, per-rank model's."""
+    from workbench.spec.tree_compare import compare_layouts, layouts_at_budget
+
+    ours, _ = family("qwen2.5-7b", (8, 2))
+    draft = SwappedDraft(ours)
+
+    def make_engine(spec):
+        return LLMEngine(ours, None, spec_config=spec, draft_model=draft if spec else None,
+                         cache_config=CacheConfig(num_blocks=64, block_size=8),
+                         scheduler_config=SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=256))
+
+    frame = compare_layouts(make_engine, prompts_for(ours.spec.vocab_size, (9, 20)), layouts_at_budget(4),
+                            max_tokens=16).set_index("layout")
+    assert frame["positions"].tolist() == [1, 5, 5, 5] and frame.attrs["probe"] == "static (2, 1)"
+    # The draft's first choice is always wrong and its second always right: a chain never gets past depth 1,
+    # the static tree keeps its second root candidate and then fails (2 tokens a pass), the model agrees.
+    assert frame.loc["chain K=4", "tokens_per_pass"] == 1.0
+    assert frame.loc["static (2, 1)", ["tokens_per_pass", "expected_tokens"]].tolist() == [2.0, 2.0]
+    assert frame.loc["chain K=4", "expected_from_probe"] == 1.0  # the probe never saw rank 0 accepted
+    assert (frame["r"].iloc[1:] > 0).all() and (frame["decode_tokens_per_s"] > 0).all()
