@@ -18,7 +18,7 @@ import torch
 
 from workbench.cache.calibration import calibration_ids
 from workbench.cache.sizing import kv_bytes_per_token, max_concurrency, weight_bytes
-from workbench.lab.ch06_activations import PROJECTIONS, capture_inputs, rounding_errors, spread
+from workbench.lab.ch06.activations import PROJECTIONS, capture_inputs, rounding_errors, spread
 from workbench.lab.kit.figures import style
 from workbench.lab.kit.notebook import GiB, MiB, measured_on
 from workbench.lab.kit.panel import LabPanel
@@ -239,7 +239,7 @@ class WeightFormatLab(LabPanel):
 
 
 class ActivationLab(LabPanel):
-    """One layer's real inputs through int8 weights four ways (`workbench.lab.ch06_activations`)."""
+    """One layer's real inputs through int8 weights four ways (`workbench.lab.ch06.activations`)."""
 
     def __init__(self, model, tokenizer, *, layer: int = 15, projection: str = "down_proj", tokens: int = 256):
         self.model, self.ids = model, heldout_slice(tokenizer, tokens)

@@ -1,7 +1,7 @@
 """Chapter 6's closing material: where the seed is loose (with numbers), the 'Try this' exercises, the takeaways.
 
 Why it exists: every number the notebook's call-outs and closing table state is computed here from the
-package's sizing arithmetic or from the chapter's own measurements (`workbench.lab.ch06_panels`), never typed in.
+package's sizing arithmetic or from the chapter's own measurements (`workbench.lab.ch06.panels`), never typed in.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from workbench.cache.sizing import kv_bytes, kv_bytes_per_token, weight_bytes
-from workbench.lab.ch06_memory import GB, GiB, hierarchy_table, int4_weight_bytes
+from workbench.lab.ch06.memory import GB, GiB, hierarchy_table, int4_weight_bytes
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
 
@@ -47,7 +47,7 @@ def seed_checks(kv_table: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_hierarchy() -> pd.DataFrame:
-    """The seed's layered table for its 70B model (`workbench.lab.ch06_memory.hierarchy_table`)."""
+    """The seed's layered table for its 70B model (`workbench.lab.ch06.memory.hierarchy_table`)."""
     return hierarchy_table(model_spec(SEED_SPEC))
 
 
