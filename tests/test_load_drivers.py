@@ -14,9 +14,9 @@ import pytest
 
 from workbench.bench.drive import drive
 from workbench.bench.runner import LoadShape
+from workbench.bench.synthetic import random_requests
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.lab.ch05_runs import random_requests
 from workbench.models import model_spec, random_model
 from workbench.serve.launch import ServerThread
 

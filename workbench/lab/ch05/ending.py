@@ -1,0 +1,119 @@
+"""Chapter 5's 'Try this' exercises and its closing table, computed from the chapter's result objects."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from workbench.cache.sizing import max_concurrency
+from workbench.lab.ch05.claims import block_waste
+from workbench.lab.ch05.runs import BatchCapacity, ConcurrencySweep, VarianceEffect, padding_waste
+from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.exercises import Exercise
+
+# The exercise's static batch: output lengths of eight requests, one long one among short ones.
+EXERCISE_LENGTHS = (12, 9, 31, 7, 120, 15, 10, 22)
+
+
+def continuous_knee(sweep: ConcurrencySweep) -> int | str:
+    """Continuous batching's knee in users, or 'none' when its throughput still grew at the sweep's last step."""
+    k = sweep.knee("continuous")
+    return "none" if k is None else int(k["concurrency"])
+
+
+def exercises(sweep: ConcurrencySweep) -> dict[str, Exercise]:
+    """The chapter's 'Try this' exercises; answers computed by the package (and the sweep's result)."""
+    lengths = list(EXERCISE_LENGTHS)
+    return {
+        "padding": Exercise(
+            f"A static batch of 8 requests generates {lengths} tokens, padded to the longest: what share of the "
+            "decode slots is padding?", lambda: padding_waste(lengths, 8)["waste_share"],
+            why="8 slots x 120 steps are computed, of which only sum(lengths) = 226 tokens are wanted",
+            hint="1 - sum(lengths) / (8 * max(lengths))", rel_tol=0.01),
+        "capacity": Exercise(
+            "A pool of 60 KV blocks of 16 tokens; every sequence needs 40 prompt + 24 output tokens. At most how "
+            "many sequences run at once, whatever max_num_seqs says?", lambda: max_concurrency(60, 16, 64),
+            why="64 tokens take 4 blocks, and 60 // 4 = 15", hint="blocks per sequence, then integer division",
+            rel_tol=0.0),
+        "block_waste": Exercise(
+            "The 8 requests above each have a 32-token prompt. With block_size 128, what share of their reserved "
+            "KV slots is never written?",
+            lambda: float(block_waste([32 + n for n in lengths], (128,))["wasted_share"].iloc[0]),
+            why="each sequence rounds up to whole blocks; with 128-token blocks most of each block stays empty",
+            hint="block_waste(lengths, (128,))", rel_tol=0.01),
+        "knee": Exercise(
+            "In the sweep panel, at how many users does continuous batching reach its knee (the first concurrency "
+            f"after which the next level adds less than {sweep.gain:.0%} throughput)? ('none' if it never does)",
+            lambda: continuous_knee(sweep),
+            why="past the knee, more users add queueing (TTFT) but little throughput",
+            hint="sweep.result.curve('continuous'), column next_gain", rel_tol=0.0),
+    }
+
+
+def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: BatchCapacity,
+                  hits: pd.DataFrame) -> ClosingTable:
+    """The course's five key takeaways, each with what this notebook measured and a verdict computed from it."""
+    cont = sweep.curve("continuous")
+    low, high = cont.iloc[0], cont.iloc[-1]
+    ratios, steps = variance.ratios, variance.step_ratios
+    first, last = capacity.row(0), capacity.row(-1)
+    fcfs, aware = float(hits.loc["FCFS", "hit_rate"]), float(hits.loc["cache-aware", "hit_rate"])
+    knees, k = sweep.knees(), sweep.knee("continuous")
+    more_users = high["output_tok_s"] > low["output_tok_s"]
+    longer_waits = high["ttft_p90_ms"] > low["ttft_p90_ms"]
+    rows = [
+        Takeaway(
+            "Batching raises utilization, but larger batches mean longer waits.",
+            f"continuous batching, {int(low['concurrency'])} -> {int(high['concurrency'])} users: "
+            f"{low['output_tok_s']:.0f} -> {high['output_tok_s']:.0f} output tok/s, TTFT p90 "
+            f"{low['ttft_p90_ms']:.0f} -> {high['ttft_p90_ms']:.0f} ms ({sweep.requests} requests per run)",
+            Verdict.judge(bool(more_users and longer_waits)),
+            note="" if more_users and longer_waits else
+            ("throughput did not rise with the batch here" if not more_users else "TTFT did not grow with the batch")),
+        Takeaway(
+            "Continuous batching removes static batching's structural waste.",
+            f"static / continuous engine steps: {steps['fixed']:.2f}x with equal output lengths, "
+            f"{steps['log-uniform']:.2f}x with log-uniform ones (throughput {ratios['fixed']:.2f}x, "
+            f"{ratios['log-uniform']:.2f}x)",
+            # Engine steps are the waste itself, free of a shared machine's clock noise.
+            Verdict.judge(bool(steps["log-uniform"] > 1.1), caveat=bool(steps["fixed"] < 1.1)),
+            note="the waste is padding to the batch's longest member: it exists only when output lengths differ; "
+                 "with equal lengths the two modes take the same steps"),
+        Takeaway(
+            "KV cache size bounds the batch: max_num_seqs is capped by the blocks.",
+            f"{first['num_blocks']} blocks: peak batch {first['peak_batch']} of max_num_seqs "
+            f"{first['max_num_seqs']}; {last['num_blocks']} blocks: {last['peak_batch']}",
+            Verdict.judge(capacity.bounded),
+            note="" if capacity.bounded else "the smallest pool did not hold the batch below max_num_seqs"),
+        Takeaway(
+            "Cache-aware scheduling raises cache hit rates.",
+            f"one engine (not a fleet): hit rate {fcfs:.0%} FCFS -> {aware:.0%} cache-aware admission",
+            Verdict.judge(aware > fcfs, caveat=True),
+            note="measured on one engine's queue with a workload built for it (two prefix families, a pool that "
+                 "holds one); the course's fleet-level routing is not measured here"),
+        frontier_takeaway(sweep, knees, k),
+    ]
+    return ClosingTable(rows)
+
+
+def frontier_takeaway(sweep: ConcurrencySweep, knees: pd.DataFrame, k: pd.Series | None) -> Takeaway:
+    claim = "Know where you sit on the throughput-latency frontier."
+    others = "; ".join(f"{m} {int(r['concurrency'])}" if r["reached"] else f"{m} none"
+                       for m, r in knees.iterrows() if m != "continuous")
+    if k is None:
+        last = knees.loc["continuous", "last_gain"]
+        return Takeaway(claim, f"continuous throughput still grew {last:.0%} at the sweep's last step "
+                               f"({sweep.concurrencies[-1]} users); knees of the other modes: {others}",
+                        Verdict.NOT_MEASURABLE,
+                        note="the sweep stopped before saturation, so there is no knee to sit beside: sweep further")
+    cont = sweep.curve("continuous")
+    top = cont.iloc[-1]
+    past_gain = top["output_tok_s"] / k["output_tok_s"] - 1
+    ttft_growth = top["ttft_p90_ms"] / k["ttft_p90_ms"]
+    return Takeaway(
+        claim,
+        f"continuous knee at {int(k['concurrency'])} users ({k['output_tok_s']:.0f} tok/s, TTFT p90 "
+        f"{k['ttft_p90_ms']:.0f} ms); from there to {int(top['concurrency'])} users throughput changed "
+        f"{past_gain:+.0%} while TTFT p90 grew {ttft_growth:.1f}x; knees of the other modes (users): {others}",
+        Verdict.judge(bool(k["concurrency"] < top["concurrency"] and ttft_growth > 1 + sweep.gain)),
+        note="past the knee more users only queue: the frontier's useful end is where its throughput flattens"
+        if ttft_growth > 1 + sweep.gain else "TTFT did not grow past the knee in this sweep")
