@@ -1,17 +1,13 @@
-"""Chapter 3's measurements: requests in Anthropic's format run on the real engine (whose prefix cache really
-skips the shared prefill) and billed by the emulated provider on a simulated clock (`workbench.hosted`).
-
-One ``HostedBench`` holds one warmed-up engine and a clock; each run clears the engine's prefix cache, sends
-its requests one at a time (so TTFT is prefill, not queueing) and returns one row per request and billing
-variant: the provider's usage fields, its cost, the engine's own cached-token count and the measured TTFT.
-No widgets here, so the notebook panels, the tests and scripts share the same runs.
+"""Chapter 3's bench: one warmed-up engine and a simulated clock, and the requests the chapter sends, in
+Anthropic's format (a prompt layout, a growing conversation). Each request runs on the real engine, whose prefix
+cache really skips the shared prefill, and is billed by the emulated provider (`workbench.hosted`); one row per
+request and billing variant: the usage fields, the cost, the engine's own cached-token count and the TTFT.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-import httpx
 import pandas as pd
 
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
@@ -107,11 +103,14 @@ class HostedBench:
             self.clock.advance(gap_s)
         return pd.DataFrame(rows)
 
-    def layout_run(self, layout: str, *, num_requests: int = 5, model: str = DEFAULT_MODEL,
-                   progress: ProgressFn | None = None) -> pd.DataFrame:
-        bodies = [layout_body(self.static, layout, i, f"Which rule covers case {i + 1}?", model)
-                  for i in range(num_requests)]
-        return self.repeated(bodies, variant=layout, progress=progress)
+    def warm_up(self, body: MessagesRequest) -> float:
+        """Run ``body`` once on the engine, unbilled, and forget its prefix; returns its TTFT in ms.
+
+        The first request of a run pays one-off costs (allocations, first-touch of the KV blocks) that are no
+        part of a cache miss: a run sends its first prompt once as a warm-up, so its request 1 is a fair miss."""
+        ttft_ms, _ = self.run_engine([t for b in render_blocks(self.tokenizer, body) for t in b.tokens])
+        self.fresh()
+        return ttft_ms
 
 
 def _row(index: int, when: float, variant: str, usage: CacheUsage, model: str, ttft_ms: float,
@@ -120,12 +119,6 @@ def _row(index: int, when: float, variant: str, usage: CacheUsage, model: str, t
             "input_tokens": usage.input_tokens, "cache_write": usage.cache_creation_input_tokens,
             "cache_read": usage.cache_read_input_tokens, "cost_usd": usage.cost_usd(model),
             "engine_cached": engine_cached, "ttft_ms": ttft_ms}
-
-
-def hit_rate(frame: pd.DataFrame) -> float:
-    """Cache reads over all prompt tokens: the seed's measure, read from usage fields."""
-    total = frame["prompt_tokens"].sum()
-    return float(frame["cache_read"].sum() / total) if total else 0.0
 
 
 # ------------------------------------------------------------------------------------------- multi-turn
@@ -153,51 +146,3 @@ def conversation_bodies(static: str, turns: int, model: str = DEFAULT_MODEL) -> 
     return out
 
 
-def multi_turn_run(bench: HostedBench, *, turns: int = 4, gap_s: float = 30.0,
-                   progress: ProgressFn | None = None) -> pd.DataFrame:
-    bench.fresh()
-    per_turn = conversation_bodies(bench.static, turns)
-    caches = {name: AnthropicCache(DEFAULT_MODEL, clock=bench.clock) for name in MULTI_TURN_VARIANTS}
-    rows = []
-    for turn, variants in enumerate(per_turn):
-        if progress:
-            progress(turn, turns, f"turn {turn + 1} of {turns}")
-        rows += bench.send(variants, caches, turn)
-        bench.clock.advance(gap_s)
-    return pd.DataFrame(rows)
-
-
-# ------------------------------------------------------------------------------------------------ HTTP
-def http_usage_run(bench: HostedBench, *, num_requests: int = 3) -> pd.DataFrame:
-    """The same shared-prefix requests through the real HTTP server: Anthropic's /v1/messages (httpx) and
-    the OpenAI emulation with ``prompt_cache_key`` (the official ``openai`` client). The server always stops."""
-    import openai
-
-    from workbench.serve.launch import ServerThread
-
-    bench.fresh()
-    rows = []
-    with ServerThread(bench.engine, model_name="smollm2-135m") as server:
-        client = openai.OpenAI(base_url=f"{server.url}/hosted/openai/v1", api_key="unused", max_retries=0)
-        for i in range(num_requests):
-            body = layout_body(bench.static, "static first", i, f"Which rule covers case {i + 1}?")
-            reply = httpx.post(f"{server.url}/v1/messages", json=body.model_dump(exclude_none=True), timeout=300)
-            reply.raise_for_status()
-            usage = reply.json()["usage"]
-            rows.append({"api": "anthropic /v1/messages", "request": i, "input_tokens": usage["input_tokens"],
-                         "cache_write": usage["cache_creation_input_tokens"],
-                         "cache_read": usage["cache_read_input_tokens"],
-                         "engine_cached": int(reply.headers["x-workbench-engine-cached-tokens"])})
-        for i in range(num_requests):
-            chat = client.chat.completions.with_raw_response.create(
-                model="gpt-4o", max_tokens=1, temperature=0, extra_body={"prompt_cache_key": "chapter-3"},
-                messages=[{"role": "system", "content": bench.static},
-                          {"role": "user", "content": f"Which rule covers case {i + 1}?"}])
-            usage = chat.parse().usage
-            cached = usage.prompt_tokens_details.cached_tokens
-            rows.append({"api": "openai chat + prompt_cache_key", "request": i,
-                         "input_tokens": usage.prompt_tokens - cached, "cache_write": 0, "cache_read": cached,
-                         "engine_cached": int(chat.headers["x-workbench-engine-cached-tokens"])})
-    frame = pd.DataFrame(rows)
-    frame["prompt_tokens"] = frame["input_tokens"] + frame["cache_write"] + frame["cache_read"]
-    return frame
