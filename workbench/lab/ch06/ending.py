@@ -1,7 +1,5 @@
-"""Chapter 6's closing material: where the seed is loose (with numbers), the 'Try this' exercises, the takeaways.
-
-Why it exists: every number the notebook's call-outs and closing table state is computed here from the
-package's sizing arithmetic or from the chapter's own measurements (`workbench.lab.ch06.panels`), never typed in.
+"""Chapter 6's closing material: where the seed is loose (with numbers), the 'Try this' exercises, and the
+closing table on the kit's `ClosingTable`, every verdict computed from the chapter's results (`runs`).
 """
 
 from __future__ import annotations
@@ -11,21 +9,24 @@ import torch
 
 from workbench.cache.sizing import kv_bytes, kv_bytes_per_token, weight_bytes
 from workbench.lab.ch06.memory import GB, GiB, hierarchy_table, int4_weight_bytes
+from workbench.lab.ch06.runs import FormatSweep, KVFormats, WeightFormats
+from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
 
 H100_TBPS, A100_TBPS = 3.35, 2.0  # the seed's bandwidth figures (H100 SXM, A100 80GB SXM: 2.04 TB/s)
 SEED_SPEC = "llama-3-70b"  # the seed's "80 layers, 8 KV heads, head dim 128" model
+SCALES = "int8 with a fresh fp16 scale per token and head, fp8 with static scales calibrated per layer and head"
 
 
-def seed_checks(kv_table: pd.DataFrame) -> pd.DataFrame:
+def seed_checks(kv: KVFormats) -> pd.DataFrame:
     """The seed's loose statements against the package's arithmetic and the KV panel's measurements."""
     spec = model_spec(SEED_SPEC)
     fp16_kv = kv_bytes(spec, 8192, kv_format="float16")
     int8_kv = kv_bytes(spec, 8192, kv_format="int8")
     fp16_w = weight_bytes(spec, torch.float16)
     int4_w = int4_weight_bytes(spec, torch.float16)
-    fp8, int8 = kv_table.loc["fp8_e4m3"], kv_table.loc["int8"]
+    fp8, int8 = kv.frame.loc["fp8_e4m3"], kv.frame.loc["int8"]
     closer = "int8" if int8.kl_mean < fp8.kl_mean else "fp8"
     rows = [
         ("int8 KV of an 8K sequence is 1.34 GB, the same as fp8",
@@ -33,7 +34,7 @@ def seed_checks(kv_table: pd.DataFrame) -> pd.DataFrame:
          f"half of fp16's {fp16_kv / GB:.3f} GB; fp8 keeps one scale per layer and head: {fp16_kv / 2 / GB:.3f} GB",
          "loose: int8 needs scales"),
         ("fp8 KV has near-fp16 quality; int8 is 'more aggressive'",
-         f"measured here (per-token int8 scales, calibrated static fp8 scales): mean KL int8 {int8.kl_mean:.2e}, "
+         f"measured here ({SCALES}): mean KL int8 {int8.kl_mean:.2e}, "
          f"fp8 {fp8.kl_mean:.2e}; top-1 {int8.top1_agreement:.3f} vs {fp8.top1_agreement:.3f}",
          f"{'wrong here' if closer == 'int8' else 'holds here'}: {closer} is closer to full precision"),
         ("70B weights: 140 GB in fp16, 35 GB in int4",
@@ -51,7 +52,7 @@ def seed_hierarchy() -> pd.DataFrame:
     return hierarchy_table(model_spec(SEED_SPEC))
 
 
-def _exercises() -> dict[str, Exercise]:
+def exercises() -> dict[str, Exercise]:
     small, big = model_spec("smollm2-135m"), model_spec(SEED_SPEC)
     table = hierarchy_table(big)
     return {
@@ -73,51 +74,74 @@ def _exercises() -> dict[str, Exercise]:
     }
 
 
-EXERCISES = _exercises()
-
-
-def takeaways(kv_table: pd.DataFrame, weights: pd.DataFrame, sweep: pd.DataFrame) -> pd.DataFrame:
-    """The seed's five takeaways against this chapter's measurements (live panels and the cached sweep)."""
-    fp32_kv, int8_kv, fp8_kv = kv_table.loc["auto"], kv_table.loc["int8"], kv_table.loc["fp8_e4m3"]
-    fp32_fp32 = sweep[(sweep.weights == "auto") & (sweep.dtype == "float32") & (sweep.kv_format == "auto")].iloc[0]
-    both = sweep[(sweep.weights == "int8") & (sweep.kv_format == "int8")].iloc[0]
-    only_w = sweep[(sweep.weights == "int8") & (sweep.kv_format == "auto")].iloc[0]
-    only_kv = sweep[(sweep.weights == "auto") & (sweep.dtype == "float32") & (sweep.kv_format == "int8")].iloc[0]
-    recall = [c for c in sweep.columns if c.startswith("recall@")]
-    int4 = sweep[(sweep.weights == "auto") & (sweep.dtype == "float32") & (sweep.kv_format == "int4")].iloc[0]
-    w8 = weights.loc["int8"] if "int8" in weights.index else None
-    speed = f"int8 weights decode at {w8.speedup_vs_fp32:.2f}× fp32 on this CPU" if w8 is not None else ""
-    more = int8_kv.sequences_at_budget > fp32_kv.sequences_at_budget
-    adds = max(only_w.kl_mean, only_kv.kl_mean) <= both.kl_mean <= 1.5 * (only_w.kl_mean + only_kv.kl_mean)
-    int8_closer = int8_kv.kl_mean < fp8_kv.kl_mean
-    int4_recall = [int4[c] for c in recall]
-    base_recall = [fp32_fp32[c] for c in recall]
-    recall_kept = bool(recall) and all(a >= b for a, b in zip(int4_recall, base_recall, strict=True))
-    rows = [
-        ("KV quantization (fp8, int8) shrinks the cache and enlarges batches.",
-         f"at the panel's budget: {int(fp32_kv.sequences_at_budget)} sequences with an fp32 cache, "
-         f"{int(int8_kv.sequences_at_budget)} with int8 ({int8_kv.vs_fp32:.3f}× the bytes per token)",
-         "holds" if more else "wrong"),
-        ("Weight and cache quantization are independent: layer them.",
-         f"cached sweep: mean KL int8 weights {only_w.kl_mean:.2e}, int8 KV {only_kv.kl_mean:.2e}, both "
-         f"{both.kl_mean:.2e}; memory for one 2K sequence {_mib(both):.0f} vs {_mib(fp32_fp32):.0f} MiB",
-         "holds (the errors roughly add)" if adds else "holds, but the errors do not simply add"),
-        ("fp8 is the practical KV default: minimal loss, 50% saving.",
-         f"fp8 saves {1 - fp8_kv.vs_fp32 / 2:.0%} against 16-bit ({1 - fp8_kv.vs_fp32:.0%} against fp32 here); "
-         f"KL {fp8_kv.kl_mean:.2e} vs int8's {int8_kv.kl_mean:.2e}",
-         "holds with a caveat: int8 with per-token scales was closer here" if int8_closer else "holds"),
-        ("Quality impact is task-dependent: benchmark your workload.",
-         f"int4 KV: top-1 agreement {int4.top1_agreement:.3f}; recall " +
-         ", ".join(f"{c} {a:.2f} (fp32 cache {b:.2f})" for c, a, b in zip(recall, int4_recall, base_recall,
-                                                                         strict=True)),
-         "holds: token-level quality drops while recall holds" if recall_kept and int4.top1_agreement < 0.95
-         else "holds: measure both, they need not move together"),
-        ("Hardware matters: native fp8 speeds up H100/H200; on A100 the gain is mostly memory.",
-         f"not measurable on this CPU (no fp8 arithmetic); {speed}; the bandwidth gap is "
-         f"{H100_TBPS / A100_TBPS:.2f}×", "not tested here"),
-    ]
-    return pd.DataFrame(rows, columns=["the seed's takeaway", "measured here", "verdict"])
+def _note(verdict: Verdict, *, caveat: str = "", wrong: str = "") -> str:
+    """The note a computed verdict needs: none for HOLDS, the caveat, or what the measurement shows instead."""
+    return {Verdict.HOLDS: "", Verdict.CAVEAT: caveat, Verdict.WRONG: wrong}[verdict]
 
 
 def _mib(row: pd.Series, context: int = 2048) -> float:
     return (row.weight_bytes + row.kv_bytes_per_token * context) / 2**20
+
+
+def closing_table(kv: KVFormats, weights: WeightFormats, sweep: FormatSweep, *, budget_gib: float = 1.0,
+                  context: int = 2048) -> ClosingTable:
+    """The seed's five takeaways against this chapter's measurements (live panels and the cached sweep)."""
+    t = kv.table(budget_gib, context)
+    fp32_kv, int8_kv, fp8_kv = t.loc["auto"], t.loc["int8"], t.loc["fp8_e4m3"]
+    base, both = sweep.row("auto", "auto"), sweep.row("int8", "int8")
+    only_w, only_kv, int4 = sweep.row("int8", "auto"), sweep.row("auto", "int8"), sweep.row("auto", "int4")
+    cost = sweep.kv_speed_cost("fp8_e4m3")
+    recall = sweep.recall_columns
+    recall_kept = bool(recall) and all(int4[c] >= base[c] for c in recall)
+    token_drop = int4.top1_agreement < 0.95
+    adds = max(only_w.kl_mean, only_kv.kl_mean) <= both.kl_mean <= 1.5 * (only_w.kl_mean + only_kv.kl_mean)
+    fp8_saving, fp8_ppl = kv.saving_vs_16bit("fp8_e4m3"), fp8_kv.perplexity / fp8_kv.perplexity_reference - 1
+    speed = weights.speedup("int8")
+    return ClosingTable([
+        Takeaway(
+            "KV quantization (fp8, int8) shrinks the cache and enlarges batches.",
+            f"at {budget_gib:g} GiB of KV: {int(fp32_kv.sequences_at_budget)} sequences of {context:,} tokens with an "
+            f"fp32 cache, {int(int8_kv.sequences_at_budget)} with int8 ({int8_kv.vs_fp32:.3f}× the bytes per token); "
+            f"cached sweep, fp32 weights: fp8 KV ran the throughput workload at {cost['throughput']:.1f} tokens/s "
+            f"against {cost['throughput_fp32_kv']:.1f} with the fp32 cache ({cost['throughput_ratio']:.2f}×)",
+            v1 := Verdict.judge(bool(int8_kv.sequences_at_budget > fp32_kv.sequences_at_budget),
+                                caveat=cost["throughput_ratio"] < 1),
+            note=_note(v1, caveat="the batch grows, the speed does not: on this CPU the quantized cache is "
+                       "dequantized to fp32 on every decode step, so the saving is memory and capacity, and the "
+                       "conversion costs time",
+                       wrong="the int8 cache did not fit more sequences than the fp32 one at this budget")),
+        Takeaway(
+            "Weight and cache quantization are independent: layer them.",
+            f"cached sweep: mean KL int8 weights {only_w.kl_mean:.2e}, int8 KV {only_kv.kl_mean:.2e}, both "
+            f"{both.kl_mean:.2e}; memory for one 2K sequence {_mib(both):.0f} MiB against {_mib(only_w):.0f} "
+            f"(int8 weights only), {_mib(only_kv):.0f} (int8 KV only) and {_mib(base):.0f} (neither)",
+            v2 := Verdict.judge(bool(_mib(both) < min(_mib(only_w), _mib(only_kv))), caveat=not adds),
+            note=_note(v2, caveat="the errors do not simply add: measure the combination",
+                       wrong="the combination did not need less memory than either format alone")),
+        Takeaway(
+            "fp8 is the practical KV default: minimal loss, 50% saving.",
+            f"fp8 saves {fp8_saving:.0%} against a 16-bit cache ({kv.saving_vs_fp32('fp8_e4m3'):.0%} against fp32 "
+            f"here); perplexity {fp8_ppl:+.1%} against the fp32 cache; mean KL fp8 {fp8_kv.kl_mean:.2e} against "
+            f"int8's {int8_kv.kl_mean:.2e} ({SCALES})",
+            v3 := Verdict.judge(abs(fp8_saving - 0.5) < 0.01 and abs(fp8_ppl) < 0.02,
+                                caveat=kv.int8_closer_than_fp8),
+            note=_note(v3, caveat=f"int8 with per-token scales was closer to full precision here, for "
+                       f"{int8_kv.bytes_per_token / fp8_kv.bytes_per_token - 1:.0%} more bytes than fp8 (its scales)",
+                       wrong="fp8 did not save half of a 16-bit cache, or moved perplexity by 2% or more")),
+        Takeaway(
+            "Quality impact is task-dependent: benchmark your workload.",
+            f"int4 KV: top-1 agreement {int4.top1_agreement:.3f}; recall " +
+            ", ".join(f"{c} {int4[c]:.2f} (fp32 cache {base[c]:.2f})" for c in recall),
+            v4 := Verdict.judge(bool(recall) and recall_kept == token_drop, caveat=True),
+            note=_note(v4, caveat="token-level quality and long-context recall moved differently here; the recall "
+                       "columns hold few items per length, so they are coarse",
+                       wrong="token-level quality and recall moved together here, so this measurement does not "
+                             "show a task dependence")),
+        Takeaway(
+            "Hardware matters: native fp8 speeds up H100/H200; on A100 the gain is mostly memory.",
+            f"the bandwidth gap is {H100_TBPS / A100_TBPS:.2f}×"
+            + (f"; int8 weights decode at {speed:.2f}× fp32 on this CPU" if speed is not None else ""),
+            Verdict.NOT_MEASURABLE,
+            note="this CPU has no fp8 arithmetic (the engine's fp8 cache is stored as bytes and widened for the "
+                 "arithmetic); it needs an H100 and an A100 running the same fp8 kernels"),
+    ])
