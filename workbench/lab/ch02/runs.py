@@ -1,17 +1,20 @@
-"""Chapter 2's measurements, each one run of the real engine: no cache vs cache, paged memory over a mixed
-workload (with a snapshot of every block table at every step), prefix-cache TTFT, and hit rate against a
-cache budget. Plain torch/pandas on top of `workbench.generation` and `workbench.engine`: no widgets, so the
-same runs serve the notebook panels, the tests and anyone scripting them.
+"""Chapter 2's measurements, each one run of the real engine, and the result objects the panels, the prose and
+the closing table read: no cache vs cache (``CacheComparison``), paged memory over a mixed workload with a
+snapshot of every block table at every step (``PagedTrace``), and prefix-cache TTFT (``PrefixRun``). Plain
+torch/pandas on top of `workbench.generation` and `workbench.engine`: no widgets, so the same runs serve the
+notebook panels, the tests and anyone scripting them. The eviction sweep is in `workbench.lab.ch02.eviction`,
+the copy-on-write fork in `workbench.lab.ch02.fork`.
 """
 
 from __future__ import annotations
 
-import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from workbench.cache.memory_compare import compare_reservations
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
@@ -20,17 +23,41 @@ from workbench.workloads import NAMES, WorkloadRequest, questions, static_instru
 
 ProgressFn = Callable[[int, int, str], None]
 
+
 def _progress(progress: ProgressFn | None, done: int, total: int, text: str) -> None:
     if progress is not None:
         progress(done, total, text)
 
 
 # ----------------------------------------------------------------------------------------------- no cache
+WITH_CACHE, WITHOUT_CACHE = "with KV cache", "without cache (recompute)"
+
+
 @dataclass
 class CacheComparison:
     steps: pd.DataFrame  # mode, token_index, context_tokens, step_ms
-    summary: pd.DataFrame  # per mode: prompt tokens, TTFT, decode tokens/s
+    summary: pd.DataFrame  # per mode (WITH_CACHE, WITHOUT_CACHE): prompt tokens, TTFT, decode tokens/s
     same_tokens: bool
+
+    @property
+    def cached_tokens_per_s(self) -> float:
+        return float(self.summary.loc[WITH_CACHE, "decode_tokens_per_s"])
+
+    @property
+    def recompute_tokens_per_s(self) -> float:
+        return float(self.summary.loc[WITHOUT_CACHE, "decode_tokens_per_s"])
+
+    @property
+    def speedup(self) -> float:
+        """Decode tokens/s with the cache over tokens/s recomputing everything."""
+        return self.cached_tokens_per_s / self.recompute_tokens_per_s
+
+    @property
+    def prompt_tokens(self) -> int:
+        return int(self.summary["prompt_tokens"].iloc[0])
+
+    def ttft_ms(self, mode: str) -> float:
+        return float(self.summary.loc[mode, "ttft_ms"])
 
 
 def cache_vs_no_cache(model, tokenizer, *, context_tokens: int = 48, max_tokens: int = 32,
@@ -44,7 +71,7 @@ def cache_vs_no_cache(model, tokenizer, *, context_tokens: int = 48, max_tokens:
         generate(model, tokenizer, prompt, SamplingParams(max_tokens=2), use_cache=use_cache)
     rows, summary, tokens = [], [], {}
     for done, use_cache in enumerate((True, False)):
-        mode = "with KV cache" if use_cache else "without cache (recompute)"
+        mode = WITH_CACHE if use_cache else WITHOUT_CACHE
         _progress(progress, done, 2, f"generating {max_tokens} tokens {mode}")
         result = generate(model, tokenizer, prompt, params, use_cache=use_cache)
         tokens[use_cache] = result.token_ids
@@ -71,6 +98,27 @@ class PagedTrace:
     tables: list[dict[str, list[int]]] = field(default_factory=list)  # per step: request id -> block table
     tokens: list[dict[str, int]] = field(default_factory=list)  # per step: request id -> tokens in the cache
     requests: pd.DataFrame = field(default_factory=pd.DataFrame)  # per request: prompt and output tokens
+
+    @property
+    def lengths(self) -> list[tuple[int, int]]:
+        """(prompt tokens, output tokens) of every finished request, in request order."""
+        return [(int(p), int(o)) for p, o in zip(self.requests["prompt_tokens"], self.requests["output_tokens"],
+                                                 strict=True)]
+
+    def totals(self, max_len: int, block_size: int | None = None) -> dict[str, float]:
+        """Paged against contiguous reservations for the finished requests' final lengths
+        (`workbench.cache.memory_compare`); ``max_len`` is raised to the longest request if below it."""
+        longest = max(p + o for p, o in self.lengths)
+        return compare_reservations(self.lengths, bytes_per_token=self.bytes_per_token, max_len=max(max_len, longest),
+                                    block_size=block_size or self.block_size).attrs["totals"]
+
+    def contiguous_bytes(self, max_len: int) -> pd.Series:
+        """Per step: what max-length contiguous buffers for the running requests would reserve."""
+        return self.timeline["running"] * max_len * self.bytes_per_token
+
+    def saving(self, max_len: int) -> float:
+        """Share of the contiguous reservation, summed over the run, that the paged blocks did not hold."""
+        return float(1 - self.timeline["held_bytes"].sum() / self.contiguous_bytes(max_len).sum())
 
 
 def trace_paged_run(model, tokenizer, workload: list[WorkloadRequest], *, block_size: int = 16,
@@ -139,9 +187,57 @@ def _sequential_ttft(engine: LLMEngine, prompts: list[list[int]], progress: Prog
     return frame
 
 
+def _median(values: pd.Series) -> float:
+    return float(statistics.median(values)) if len(values) else float("nan")
+
+
+@dataclass
+class PrefixRun:
+    """One configuration of the prefix-cache experiment: requests sent one at a time, TTFT of each."""
+
+    static_tokens: int
+    layout: str
+    caching: bool
+    frame: pd.DataFrame  # per request: prompt_tokens, cached_tokens, ttft_ms, hit
+    hit_rate: float  # the engine's token hit rate over all requests
+
+    @property
+    def config(self) -> str:
+        return f"{self.static_tokens} tok, {self.layout}, cache {'on' if self.caching else 'off'}"
+
+    @property
+    def first_ms(self) -> float:
+        """TTFT of the first request, which finds the cache empty."""
+        return float(self.frame["ttft_ms"].iloc[0])
+
+    @property
+    def later_median_ms(self) -> float:
+        """Median TTFT of the requests after the first (hits, where the cache can serve them)."""
+        return _median(self.frame["ttft_ms"].iloc[1:])
+
+    @property
+    def hits(self) -> int:
+        return int(self.frame["hit"].sum())
+
+    @property
+    def miss_ms(self) -> float:
+        return _median(self.frame.loc[~self.frame["hit"], "ttft_ms"])
+
+    @property
+    def hit_ms(self) -> float:
+        """Median TTFT of the requests that hit the cache; NaN when none did (check ``hits`` first)."""
+        return _median(self.frame.loc[self.frame["hit"], "ttft_ms"])
+
+    @property
+    def warm_hit_rate(self) -> float:
+        """Token hit rate over the requests after the first, cold one (which has nothing to hit)."""
+        warm = self.frame.iloc[1:]
+        return float(warm["cached_tokens"].sum() / warm["prompt_tokens"].sum())
+
+
 def prefix_cache_run(model, tokenizer, *, static_tokens: int = 500, layout: str = "static first",
                      caching: bool = True, num_requests: int = 6, block_size: int = 16,
-                     progress: ProgressFn | None = None) -> tuple[pd.DataFrame, float]:
+                     progress: ProgressFn | None = None) -> PrefixRun:
     """TTFT of requests sent one at a time (so TTFT is prefill, not queueing), and the token hit rate."""
     prompts = prefix_prompts(tokenizer, num_requests, static_tokens, layout)
     longest = max(map(len, prompts))
@@ -154,64 +250,4 @@ def prefix_cache_run(model, tokenizer, *, static_tokens: int = 500, layout: str 
     engine.blocks.clear_prefix_cache()
     engine.blocks.reset_stats()
     frame = _sequential_ttft(engine, prompts, progress)
-    return frame, engine.blocks.stats.hit_rate
-
-
-# ---------------------------------------------------------------------------------------------- eviction
-PATTERNS = ("round robin", "skewed (Zipf)", "shifting hot set")
-ZIPF_S = 1.2
-
-
-def access_order(num_prefixes: int, num_requests: int, pattern: str, seed: int = 0) -> list[int]:
-    """Which shared prefix each request uses: cycling through all; a few hot ones (Zipf, s = 1.2); or Zipf whose
-    ranking reverses halfway, so the prefixes that were hot go cold (a new system prompt ships, say)."""
-    if pattern not in PATTERNS:
-        raise ValueError(f"pattern must be one of {PATTERNS}, got {pattern!r}")
-    if pattern == "round robin":
-        return [i % num_prefixes for i in range(num_requests)]
-    rng = random.Random(seed)
-    weights = [1 / (rank + 1) ** ZIPF_S for rank in range(num_prefixes)]
-    order = rng.choices(range(num_prefixes), weights=weights, k=num_requests)
-    if pattern == "shifting hot set":
-        half = num_requests // 2
-        order[half:] = [num_prefixes - 1 - k for k in order[half:]]
-    return order
-
-
-def eviction_prompts(num_prefixes: int, num_requests: int, pattern: str, *, prefix_tokens: int = 64,
-                     block_size: int = 16) -> list[list[int]]:
-    """The request stream of the eviction sweep: each prompt is one of ``num_prefixes`` shared prefixes of
-    ``prefix_tokens`` token ids followed by half a block of its own."""
-    rng = random.Random(7)
-    prefixes = [[rng.randrange(100, 30000) for _ in range(prefix_tokens)] for _ in range(num_prefixes)]
-    order = access_order(num_prefixes, num_requests, pattern)
-    return [prefixes[k] + [rng.randrange(100, 30000) for _ in range(block_size // 2)] for k in order]
-
-
-def eviction_sweep(model, tokenizer, budgets: list[int], *, num_prefixes: int = 4, pattern: str = "round robin",
-                   num_requests: int = 16, prefix_tokens: int = 64, block_size: int = 16,
-                   progress: ProgressFn | None = None) -> pd.DataFrame:
-    """Prefix-cache hit rate for the same request stream under different cache budgets (in blocks).
-
-    Each request is one of ``num_prefixes`` shared prefixes followed by its own few tokens; they run one at a
-    time, so the only thing that differs between budgets is what the LRU cache had to evict."""
-    prompts = eviction_prompts(num_prefixes, num_requests, pattern, prefix_tokens=prefix_tokens,
-                               block_size=block_size)
-    smallest = -(-(len(prompts[0]) + 1) // block_size)
-    if min(budgets) < smallest:
-        raise ValueError(f"every budget must hold one request ({smallest} blocks of {block_size}), got {min(budgets)}")
-    rows = []
-    for done, budget in enumerate(budgets):
-        _progress(progress, done, len(budgets), f"budget {budget} blocks")
-        engine = LLMEngine(model, tokenizer,
-                           cache_config=CacheConfig(block_size=block_size, num_blocks=budget),
-                           scheduler_config=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=1))
-        frame = _sequential_ttft(engine, prompts, None)
-        stats = engine.blocks.stats
-        rows.append({"budget_blocks": budget, "budget_tokens": budget * block_size, "hit_rate": stats.hit_rate,
-                     "requests_hit": int(frame["hit"].sum()), "evicted_blocks": stats.evicted_blocks,
-                     "mean_ttft_ms": frame["ttft_ms"].mean()})
-    _progress(progress, len(budgets), len(budgets), "done")
-    frame = pd.DataFrame(rows)
-    frame.attrs["working_set_blocks"] = num_prefixes * (prefix_tokens // block_size)
-    return frame
+    return PrefixRun(static_tokens, layout, caching, frame, engine.blocks.stats.hit_rate)

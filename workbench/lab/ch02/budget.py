@@ -8,12 +8,14 @@ configs on common GPU sizes.
 
 The activation peak is this engine's own: the tensors alive at the peak of one decoder layer's forward (the
 MLP, with fused attention), counted per token from the layer's widths by ``activation_bytes``. The chapter's
-tests check that count against the tensors a real forward allocates (`workbench.lab.ch01_measures.TensorPeak`).
+tests check that count against the tensors a real forward allocates (`workbench.lab.ch01.memory.TensorPeak`).
 Under tensor parallelism every GPU is charged a whole step's activations, an upper bound (the hidden-size
 tensors are replicated, the head- and MLP-sized ones split).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -117,3 +119,51 @@ def capacity_frame(name: str, contexts: list[int], batches: list[int], *,
     rows = [{"context": c, "batch": b, "kv_bytes": kv_bytes(spec, c, b, kv_format)}
             for c in contexts if c <= spec.max_position_embeddings for b in batches]
     return pd.DataFrame(rows)
+
+
+@dataclass
+class KVShare:
+    """How each deployment's memory divides, at one memory utilization and step size (`kv_share_table`)."""
+
+    utilization: float
+    step_tokens: int
+    table: pd.DataFrame
+
+    @property
+    def verdict(self) -> dict[str, float]:
+        return share_verdict(self.table)
+
+    @property
+    def inside_share(self) -> float:
+        """Share of the deployments that fit whose KV share falls inside the seed's 10-30%."""
+        v = self.verdict
+        return v["inside"] / max(v["fitting"], 1)
+
+
+def kv_share(utilization: float = UTILIZATION, step_tokens: int = STEP_TOKENS) -> KVShare:
+    return KVShare(utilization, step_tokens, kv_share_table(utilization=utilization, step_tokens=step_tokens))
+
+
+@dataclass
+class KVCapacity:
+    """KV bytes of every (context, batch) pair for one model, and one deployment's KV budget (None: no room)."""
+
+    model: str
+    deployment: str
+    kv_format: str
+    frame: pd.DataFrame  # context, batch, kv_bytes
+    budget: BlockBudget | None
+
+    def max_sequences(self) -> dict[int, int]:
+        """Sequences of each context (within the model's limit) that fit in the budget at once."""
+        if self.budget is None:
+            return {}
+        spec = model_spec(self.model)
+        return {c: self.budget.max_concurrency(cached_tokens(spec, c)) for c in sorted(set(self.frame["context"]))}
+
+
+def kv_capacity(name: str, gpu: str, gpus: int, contexts: list[int], batches: list[int], *,
+                kv_format: str = "bfloat16") -> KVCapacity:
+    return KVCapacity(name, deployment_label(name, gpu, gpus), kv_format,
+                      capacity_frame(name, contexts, batches, kv_format=kv_format),
+                      deployment_budget(name, GPU_MEMORY[gpu], gpus, kv_format=kv_format))

@@ -5,7 +5,7 @@
 * ``KVCapacityLab`` plots the KV bytes of a batch against batch size for several context lengths, for one
   model, under the KV budget a chosen GPU (or several, tensor-parallel) leaves it.
 
-The arithmetic lives in `workbench.lab.ch02_budget`; this module only builds widgets and figures.
+The arithmetic lives in `workbench.lab.ch02.budget`; this module only builds widgets and figures.
 """
 
 from __future__ import annotations
@@ -14,27 +14,30 @@ import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.cache.sizing import cached_tokens
-from workbench.lab.ch02_budget import (
+from workbench.lab.ch02.budget import (
     GPU_MEMORY,
     SEED_RANGE,
     STEP_TOKENS,
     UTILIZATION,
-    capacity_frame,
-    deployment_budget,
-    deployment_label,
-    kv_share_table,
-    share_verdict,
+    KVCapacity,
+    KVShare,
+    kv_capacity,
+    kv_share,
 )
-from workbench.lab.kit.figures import style
+from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import GiB, fmt_bytes
 from workbench.lab.kit.panel import LabPanel
-from workbench.models import config_names, model_spec
+from workbench.models import config_names
 
 KV_COLOR = "#9467bd"
 CONTEXTS = [1024, 4096, 8192, 32768, 131072]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 COMPUTED_FROM = "computed from datasets/configs (bf16 weights, no weights built)"
+SHARE_BAR, BUDGET_LINE = "KV cache", "KV budget of the deployment"
+
+
+def context_trace(context: int) -> str:
+    return f"context {context:,}"
 
 
 class KVShareLab(LabPanel):
@@ -46,34 +49,32 @@ class KVShareLab(LabPanel):
         self.step_tokens = widgets.Dropdown(options=[2048, 8192, 16384], value=step_tokens,
                                             description="tokens per step", style={"description_width": "initial"})
         fig = go.Figure()
-        fig.add_bar(name="KV cache", orientation="h", marker_color=KV_COLOR, textposition="outside")
+        fig.add_bar(name=SHARE_BAR, orientation="h", marker_color=KV_COLOR, textposition="outside")
         fig.add_vrect(x0=100 * SEED_RANGE[0], x1=100 * SEED_RANGE[1], fillcolor="#ffbb78", opacity=0.35,
                       line_width=0, annotation_text="the seed's 10–30%", annotation_position="top left")
         fig.update_xaxes(title_text="KV cache share of the GPUs' memory (%)", range=[0, 105])
         fig.update_yaxes(autorange="reversed")
         style(fig, "What a serving engine leaves the KV cache", COMPUTED_FROM, height=520)
-        self.figure, self.table = fig, None
+        self.figure = fig
         super().__init__([self.utilization, self.step_tokens], [fig])
-        self.refresh()
 
-    def measure(self) -> None:
-        self.table = kv_share_table(utilization=self.utilization.value, step_tokens=self.step_tokens.value)
+    def measure(self) -> KVShare:
+        return kv_share(self.utilization.value, self.step_tokens.value)
 
     def draw(self) -> None:
-        table = self.table
-        shares = 100 * table["kv_cache"].fillna(0)
+        result = self.result
+        table = result.table
         labels = [f"{s:.0f}%" if s == s else "weights do not fit" for s in 100 * table["kv_cache"]]
         with self.figure.batch_update():
-            bar = self.figure.data[0]
-            bar.y, bar.x, bar.text = list(table.index), shares, labels
-            bar.customdata = [f"weights {w:.0%}, activations {a:.0%}, held back {h:.0%}"
-                              for w, a, h in zip(table["weights"], table["activations"].fillna(0),
-                                                 table["held_back"], strict=True)]
-            bar.hovertemplate = "%{y}: KV %{x:.0f}%<br>%{customdata}<extra></extra>"
+            set_trace(self.figure, SHARE_BAR, y=list(table.index), x=100 * table["kv_cache"].fillna(0), text=labels,
+                      customdata=[f"weights {w:.0%}, activations {a:.0%}, held back {h:.0%}"
+                                  for w, a, h in zip(table["weights"], table["activations"].fillna(0),
+                                                     table["held_back"], strict=True)],
+                      hovertemplate="%{y}: KV %{x:.0f}%<br>%{customdata}<extra></extra>")
             self.figure.layout.title.text = (
-                f"What a serving engine leaves the KV cache: {self.utilization.value:.0%} of memory usable, "
-                f"activations of {self.step_tokens.value:,}-token steps")
-        v = share_verdict(table)
+                f"What a serving engine leaves the KV cache: {result.utilization:.0%} of memory usable, "
+                f"activations of {result.step_tokens:,}-token steps")
+        v = result.verdict
         self.status.value = (
             f"Across {v['fitting']} deployments that fit, the KV cache gets from <b>{v['lowest']:.0%}</b> to "
             f"<b>{v['highest']:.0%}</b> of GPU memory; <b>{v['inside']}</b> fall inside the seed's 10–30%, and "
@@ -81,7 +82,7 @@ class KVShareLab(LabPanel):
             "leave, not a fraction anyone chooses.")
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
-        shown = self.table.copy()
+        shown = self.result.table.copy()
         for column in ("weights", "activations", "kv_cache", "held_back"):
             shown[column] = (100 * shown[column]).round(1)
         shown = shown.rename(columns={"weights": "weights %", "activations": "activations %",
@@ -96,54 +97,43 @@ class KVCapacityLab(LabPanel):
     def __init__(self, *, model: str = "llama-3-8b", gpu: str = "80 GiB GPU", gpus: int = 1,
                  kv_dtype: str = "bfloat16"):
         self.model = widgets.Dropdown(options=config_names(), value=model, description="model")
-        self.gpu = widgets.Dropdown(options=list(GPU_MEMORY.items()), value=GPU_MEMORY[gpu], description="GPU")
+        self.gpu = widgets.Dropdown(options=list(GPU_MEMORY), value=gpu, description="GPU")
         self.gpus = widgets.Dropdown(options=[1, 2, 4, 8], value=gpus, description="GPUs (TP)",
                                      style={"description_width": "initial"})
         self.kv_dtype = widgets.Dropdown(options=["bfloat16", "fp8_e4m3", "int8", "int4"], value=kv_dtype,
                                          description="KV dtype")
         fig = go.Figure()
         for context in CONTEXTS:
-            fig.add_scatter(name=f"context {context:,}", mode="lines+markers")
-        fig.add_scatter(name="KV budget of the deployment", mode="lines", line={"color": "black", "dash": "dash"})
+            fig.add_scatter(name=context_trace(context), mode="lines+markers")
+        fig.add_scatter(name=BUDGET_LINE, mode="lines", line={"color": "black", "dash": "dash"})
         fig.update_xaxes(type="log", title_text="sequences in the batch", dtick="D1")
         fig.update_yaxes(type="log", title_text="KV cache (GiB)")
         style(fig, "KV cache of a batch", COMPUTED_FROM, height=460)
-        self.figure, self.frame, self.budget = fig, None, None
+        self.figure = fig
         super().__init__([self.model, self.gpu, self.gpus, self.kv_dtype], [fig])
-        self.refresh()
 
-    def measure(self) -> None:
-        self.frame = capacity_frame(self.model.value, CONTEXTS, BATCHES, kv_format=self.kv_dtype.value)
-        self.budget = deployment_budget(self.model.value, self.gpu.value, self.gpus.value,
-                                        kv_format=self.kv_dtype.value)
-
-    def deployment(self) -> str:
-        gpu = next(name for name, size in GPU_MEMORY.items() if size == self.gpu.value)
-        return deployment_label(self.model.value, gpu, self.gpus.value)
-
-    def max_sequences(self) -> dict[int, int]:
-        """Sequences of each context (within the model's limit) that fit in the budget at once."""
-        if self.budget is None:
-            return {}
-        spec = model_spec(self.model.value)
-        return {c: self.budget.max_concurrency(cached_tokens(spec, c)) for c in sorted(set(self.frame["context"]))}
+    def measure(self) -> KVCapacity:
+        return kv_capacity(self.model.value, self.gpu.value, self.gpus.value, CONTEXTS, BATCHES,
+                           kv_format=self.kv_dtype.value)
 
     def draw(self) -> None:
-        frame = self.frame
-        budget_gib = self.budget.kv_budget_bytes / GiB if self.budget else None
+        result = self.result
+        frame, budget = result.frame, result.budget
+        budget_gib = budget.kv_budget_bytes / GiB if budget else None
         with self.figure.batch_update():
-            for trace, context in zip(self.figure.data, CONTEXTS, strict=False):
+            for context in CONTEXTS:
                 rows = frame[frame["context"] == context]
-                trace.x, trace.y = rows["batch"], rows["kv_bytes"] / GiB
-                trace.visible = bool(len(rows))
-            line = self.figure.data[-1]
-            line.x, line.y = ([BATCHES[0], BATCHES[-1]], [budget_gib] * 2) if budget_gib else ([], [])
-            self.figure.layout.title.text = f"KV cache of a batch: {self.deployment()}, KV in {self.kv_dtype.value}"
-        if self.budget is None:
-            self.status.value = (f"{self.deployment()}: the bf16 weights and activations leave <b>no room</b> for a "
+                set_trace(self.figure, context_trace(context), x=rows["batch"], y=rows["kv_bytes"] / GiB,
+                          visible=bool(len(rows)))
+            x, y = ([BATCHES[0], BATCHES[-1]], [budget_gib] * 2) if budget_gib else ([], [])
+            set_trace(self.figure, BUDGET_LINE, x=x, y=y)
+            self.figure.layout.title.text = f"KV cache of a batch: {result.deployment}, KV in {result.kv_format}"
+        if budget is None:
+            self.status.value = (f"{result.deployment}: the bf16 weights and activations leave <b>no room</b> for a "
                                  "KV cache; add GPUs (tensor parallelism) or pick a larger GPU.")
             return
-        fits = ", ".join(f"<b>{n:,}</b> at {c:,}" for c, n in self.max_sequences().items())
-        self.status.value = (f"{self.deployment()}: KV budget <b>{fmt_bytes(self.budget.kv_budget_bytes)}</b> "
-                             f"({self.budget.kv_budget_bytes / (self.gpus.value * self.gpu.value):.0%} of memory). "
+        fits = ", ".join(f"<b>{n:,}</b> at {c:,}" for c, n in result.max_sequences().items())
+        total = self.gpus.value * GPU_MEMORY[self.gpu.value]
+        self.status.value = (f"{result.deployment}: KV budget <b>{fmt_bytes(budget.kv_budget_bytes)}</b> "
+                             f"({budget.kv_budget_bytes / total:.0%} of memory). "
                              f"Sequences that fit at once, by context: {fits} tokens.")

@@ -13,10 +13,11 @@ import pandas as pd
 import plotly.colors
 import plotly.graph_objects as go
 
-from workbench.lab.kit.figures import style
-from workbench.lab.kv_runs import PagedTrace
+from workbench.lab.ch02.runs import PagedTrace
+from workbench.lab.kit.figures import set_trace, style
 
 COLUMNS = 32
+POOL = "block pool"
 
 
 def _discrete_scale(n: int) -> list[list]:
@@ -40,7 +41,7 @@ class BlockView:
         widgets.jslink((self.play, "value"), (self.step, "value"))
         self.controls = widgets.HBox([self.play, self.step])
         self.figure = go.Figure(go.Heatmap(
-            colorscale=_discrete_scale(num_requests), zmin=-0.5, zmax=num_requests - 0.5, showscale=False,
+            name=POOL, colorscale=_discrete_scale(num_requests), zmin=-0.5, zmax=num_requests - 0.5, showscale=False,
             xgap=2, ygap=2, hovertemplate="%{customdata}<extra></extra>", texttemplate="%{text}",
             textfont={"size": 9}))
         self.figure.update_yaxes(autorange="reversed", showticklabels=False, title_text="physical blocks")
@@ -85,8 +86,7 @@ class BlockView:
         z, text, hover = self.grid(step)
         row = self.trace.timeline.iloc[step]
         with self.figure.batch_update():
-            heat = self.figure.data[0]
-            heat.z, heat.text, heat.customdata = z, text, hover
+            set_trace(self.figure, POOL, z=z, text=text, customdata=hover)
             self.figure.layout.title.text = (
                 f"Block pool at step {step}: {row['held_blocks']} of {self.trace.num_blocks} blocks of "
                 f"{self.trace.block_size} tokens held; {row['running']} running, {row['waiting']} waiting, "
