@@ -5,7 +5,7 @@ and what a decode step's inter-token latency is made of.
 steps by batch size, and draws them on a log-log roofline with the ridge point. ``DecodeLab`` times decode
 steps against batch size and context length next to their floor (bytes / bandwidth), and splits the bytes a
 decode step moves per generated token into weights, KV and activations. The measuring is in
-`workbench.roofline`; this module builds widgets and figures.
+`workbench.lab.ch04.steps` (on `workbench.roofline`); this module builds widgets and figures.
 """
 
 from __future__ import annotations
@@ -16,18 +16,15 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.lab.kit.figures import style
+from workbench.lab.ch04.steps import DecodeSweep, RooflineSteps, decode_sweep, roofline_steps
+from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.roofline import (
-    DevicePeaks,
-    measure_decode_steps,
-    measure_peaks,
-    measure_prefill_steps,
-    place_on_roofline,
-)
+from workbench.roofline import DevicePeaks
 
 PREFILL, DECODE, ROOF = "#d62728", "#1f77b4", "#444444"
+ROOF_LINE, PREFILL_POINTS, DECODE_POINTS = ("roof: min(peak FLOP/s, bandwidth × intensity)",
+                                            "prefill steps (label: prompt tokens)", "decode steps (label: batch size)")
 # Sweeps per device: (label with a time estimate on the 2-core CPU, prompt lengths, decode batches, decode context).
 ROOFLINE_SWEEPS = {
     "cpu": [("prompts 16-1,024, batches 1-16 (about 15 s)", (16, 64, 256, 1024), (1, 4, 16), 32),
@@ -53,46 +50,41 @@ class RooflineLab(LabPanel):
         self.sweep = widgets.Dropdown(options=options, value=sweep, description="sweep", layout={"width": "420px"})
         self.remeasure = widgets.Checkbox(value=False, description="re-measure the peaks too")
         fig = go.Figure()
-        fig.add_scatter(name="roof: min(peak FLOP/s, bandwidth × intensity)", mode="lines",
+        fig.add_scatter(name=ROOF_LINE, mode="lines",
                         line={"color": ROOF, "width": 3})
-        fig.add_scatter(name="prefill steps (label: prompt tokens)", mode="markers+text", textposition="top left",
+        fig.add_scatter(name=PREFILL_POINTS, mode="markers+text", textposition="top left",
                         marker={"color": PREFILL, "size": 11})
-        fig.add_scatter(name="decode steps (label: batch size)", mode="markers+text", textposition="bottom right",
+        fig.add_scatter(name=DECODE_POINTS, mode="markers+text", textposition="bottom right",
                         marker={"color": DECODE, "size": 11, "symbol": "diamond"})
         fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte moved)")
         fig.update_yaxes(type="log", title_text="achieved GFLOP/s")
         style(fig, "Roofline of this device, measured", measured_on(model), height=480)
-        self.figure, self.points = fig, None
+        self.figure = fig
         super().__init__([self.sweep, self.remeasure], [fig])
-        self.refresh()
 
-    def measure(self) -> None:
+    def measure(self) -> RooflineSteps:
         _, lengths, batches, context = self.sweeps[self.sweep.value]
-        if self.peaks is None or self.remeasure.value:
-            self.progress(0, 3, "measuring peak FLOP/s and bandwidth")
-            self.peaks = measure_peaks(self.model.device, self.model.dtype, **self.peak_options)
-        self.progress(1, 3, "timing prefill steps")
-        prefill = measure_prefill_steps(self.model, lengths)
-        self.progress(2, 3, "timing decode steps")
-        decode = measure_decode_steps(self.model, batches, [context])
-        self.points = place_on_roofline(pd.concat([prefill, decode], ignore_index=True), self.peaks)
-        self.progress.finish(f"{len(self.points)} steps timed")
+        given = None if self.remeasure.value else self.peaks
+        steps = roofline_steps(self.model, given, lengths, batches, context, peak_options=self.peak_options,
+                               progress=self.progress)
+        self.peaks = steps.peaks
+        self.progress.finish(f"{len(steps.points)} steps timed")
+        return steps
 
     def draw(self) -> None:
-        peaks, points = self.peaks, self.points
+        peaks, points = self.result.peaks, self.result.points
         lo = min(points["intensity"].min(), peaks.ridge) / 4
         hi = max(points["intensity"].max(), peaks.ridge) * 4
         grid = np.geomspace(lo, hi, 200)
         prefill, decode = points[points["kind"] == "prefill"], points[points["kind"] == "decode"]
         with self.figure.batch_update():
-            roof, pre, dec = self.figure.data
-            roof.x, roof.y = grid, [_gflop(peaks.roof(i)) for i in grid]
-            for trace, rows, labels in ((pre, prefill, [f"{n:,}" for n in prefill["context"]]),
-                                        (dec, decode, [f"b={b}" for b in decode["batch"]])):
-                trace.x, trace.y, trace.text = rows["intensity"], rows["flops_per_s"].map(_gflop), labels
-                trace.customdata = np.stack([rows["step_s"] * 1e3, rows["share_of_roof"] * 100], axis=-1)
-                trace.hovertemplate = ("intensity %{x:.2f} FLOP/B<br>%{y:.2f} GFLOP/s<br>step %{customdata[0]:.1f} "
-                                       "ms<br>%{customdata[1]:.0f}% of the roof<extra></extra>")
+            set_trace(self.figure, ROOF_LINE, x=grid, y=[_gflop(peaks.roof(i)) for i in grid])
+            for name, rows, labels in ((PREFILL_POINTS, prefill, [f"{n:,}" for n in prefill["context"]]),
+                                       (DECODE_POINTS, decode, [f"b={b}" for b in decode["batch"]])):
+                set_trace(self.figure, name, x=rows["intensity"], y=rows["flops_per_s"].map(_gflop), text=labels,
+                          customdata=np.stack([rows["step_s"] * 1e3, rows["share_of_roof"] * 100], axis=-1),
+                          hovertemplate=("intensity %{x:.2f} FLOP/B<br>%{y:.2f} GFLOP/s<br>step %{customdata[0]:.1f} "
+                                         "ms<br>%{customdata[1]:.0f}% of the roof<extra></extra>"))
             self.figure.layout.shapes = [{"type": "line", "x0": peaks.ridge, "x1": peaks.ridge, "y0": 0, "y1": 1,
                                           "yref": "paper", "line": {"color": ROOF, "dash": "dot"}}]
             self.figure.layout.annotations = [{"x": np.log10(peaks.ridge), "y": 1.0, "yref": "paper",
@@ -101,9 +93,8 @@ class RooflineLab(LabPanel):
         self.status.value = self._sentence()
 
     def _sentence(self) -> str:
-        peaks, points = self.peaks, self.points
-        one = points[(points["kind"] == "decode") & (points["batch"] == 1)].iloc[0]
-        long = points[points["kind"] == "prefill"].iloc[-1]
+        peaks = self.result.peaks
+        one, long = self.result.decode_one, self.result.longest_prefill
         return (f"Measured here: peak <b>{_gflop(peaks.flops_per_s):,.1f} GFLOP/s</b> ({peaks.dtype} matrix products) "
                 f"and <b>{peaks.bytes_per_s / 1e9:,.1f} GB/s</b>, so the ridge sits at <b>{peaks.ridge:.1f} FLOP per "
                 f"byte</b>. A batch-1 decode step does {one['intensity']:.2f} FLOP/B: <b>{one['bound']}-bound</b>, "
@@ -112,17 +103,8 @@ class RooflineLab(LabPanel):
                 "the peak.")
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
-        return [("Every step on the roofline", steps_table(self.points)),
-                ("The device's ceilings, per probe", peaks_table(self.peaks))]
-
-    def point(self, kind: str, value: int) -> pd.Series:
-        """The measured step of ``kind`` ('prefill': by prompt length, 'decode': by batch size)."""
-        rows = self.points[self.points["kind"] == kind]
-        rows = rows[rows["context" if kind == "prefill" else "batch"] == value]
-        if rows.empty:
-            measured = self.points[["kind", "batch", "context"]].to_dict("records")
-            raise ValueError(f"no {kind} step measured at {value}; measured: {measured}")
-        return rows.iloc[0]
+        return [("Every step on the roofline", steps_table(self.result.points)),
+                ("The device's ceilings, per probe", peaks_table(self.result.peaks))]
 
 
 def steps_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -145,6 +127,10 @@ PARTS = (("weights", "bytes_weights", "#7f7f7f"), ("KV read + written", "bytes_k
          ("activations", "bytes_activations", "#ff7f0e"))
 
 
+MEASURED_STEP, FLOOR = "measured step (ITL)", "floor: bytes / measured bandwidth"
+SWEEPS = (("by batch", "batch", "sequences decoding together"), ("by context", "context", "context length (tokens)"))
+
+
 class DecodeLab(LabPanel):
     """Decode step time (ITL) against batch size and context, next to bytes / bandwidth; bytes per token."""
 
@@ -156,13 +142,12 @@ class DecodeLab(LabPanel):
                                         style={"description_width": "initial"})
         fig = go.Figure(make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=(
             "against batch size", "against context length (batch 1)")))
-        for col in (1, 2):
-            fig.add_scatter(name="measured step (ITL)", mode="lines+markers", line={"color": DECODE},
-                            showlegend=col == 1, row=1, col=col)
-            fig.add_scatter(name="floor: bytes / measured bandwidth", mode="lines+markers",
+        for col, (sweep, _, title) in enumerate(SWEEPS, 1):
+            fig.add_scatter(name=f"{sweep}: {MEASURED_STEP}", legendgroup=MEASURED_STEP, mode="lines+markers",
+                            line={"color": DECODE}, showlegend=col == 1, row=1, col=col)
+            fig.add_scatter(name=f"{sweep}: {FLOOR}", legendgroup=FLOOR, mode="lines+markers",
                             line={"color": ROOF, "dash": "dash"}, showlegend=col == 1, row=1, col=col)
-        fig.update_xaxes(type="log", title_text="sequences decoding together", row=1, col=1)
-        fig.update_xaxes(type="log", title_text="context length (tokens)", row=1, col=2)
+            fig.update_xaxes(type="log", title_text=title, row=1, col=col)
         fig.update_yaxes(title_text="time per decode step (ms)", rangemode="tozero")
         style(fig, "Decode: inter-token latency and its bandwidth floor", measured_on(model))
         parts = go.Figure()
@@ -173,44 +158,39 @@ class DecodeLab(LabPanel):
         parts.update_yaxes(title_text="MB moved per generated token")
         style(parts, "Why decode is bandwidth-bound: bytes moved per generated token", measured_on(model),
               height=380)
-        self.figure, self.parts_figure, self.by_batch, self.by_context = fig, parts, None, None
+        self.figure, self.parts_figure = fig, parts
         super().__init__([self.context], [fig, parts])
-        self.refresh()
 
-    def measure(self) -> None:
-        self.by_batch = place_on_roofline(measure_decode_steps(self.model, self.batches, [self.context.value],
-                                                               steps=self.steps, progress=self.progress), self.peaks)
-        self.by_context = place_on_roofline(measure_decode_steps(self.model, [1], self.contexts, steps=self.steps,
-                                                                 progress=self.progress), self.peaks)
-        for frame in (self.by_batch, self.by_context):
-            frame["bytes_kv"] = frame["bytes_kv_read"] + frame["bytes_kv_written"]
-            frame["bandwidth_floor_s"] = frame["bytes"] / self.peaks.bytes_per_s
-        self.progress.finish(f"{len(self.by_batch) + len(self.by_context)} decode configurations timed")
+    def measure(self) -> DecodeSweep:
+        sweep = decode_sweep(self.model, self.peaks, self.batches, self.context.value, self.contexts,
+                             steps=self.steps, progress=self.progress)
+        self.progress.finish(f"{len(sweep.by_batch) + len(sweep.by_context)} decode configurations timed")
+        return sweep
 
     def draw(self) -> None:
+        sweep: DecodeSweep = self.result
         with self.figure.batch_update():
-            for i, (frame, x) in enumerate(((self.by_batch, "batch"), (self.by_context, "context"))):
-                measured, floor = self.figure.data[2 * i], self.figure.data[2 * i + 1]
-                measured.x, measured.y = frame[x], frame["step_s"] * 1e3
-                floor.x, floor.y = frame[x], frame["bandwidth_floor_s"] * 1e3
+            for (name, x, _), frame in zip(SWEEPS, (sweep.by_batch, sweep.by_context), strict=True):
+                set_trace(self.figure, f"{name}: {MEASURED_STEP}", x=frame[x], y=frame["step_s"] * 1e3)
+                set_trace(self.figure, f"{name}: {FLOOR}", x=frame[x], y=frame["bandwidth_floor_s"] * 1e3)
         with self.parts_figure.batch_update():
-            for trace, (_, column, _) in zip(self.parts_figure.data, PARTS, strict=True):
-                trace.x = [str(b) for b in self.by_batch["batch"]]
-                trace.y = self.by_batch[column] / self.by_batch["batch"] / 1e6
-        one, big = self.by_batch.iloc[0], self.by_batch.iloc[-1]
-        ctx_lo, ctx_hi = self.by_context.iloc[0], self.by_context.iloc[-1]
+            for name, column, _ in PARTS:
+                set_trace(self.parts_figure, name, x=[str(b) for b in sweep.by_batch["batch"]],
+                          y=sweep.by_batch[column] / sweep.by_batch["batch"] / 1e6)
+        one, big = sweep.by_batch.iloc[0], sweep.by_batch.iloc[-1]
+        ctx_lo, ctx_hi = sweep.by_context.iloc[0], sweep.by_context.iloc[-1]
         floor = one["bandwidth_floor_s"]
         self.status.value = (
-            f"Batch 1: a step takes <b>{one['step_s'] * 1e3:.1f} ms</b>, {one['step_s'] / floor:.1f}x its floor of "
+            f"Batch 1: a step takes <b>{one['step_s'] * 1e3:.1f} ms</b>, {sweep.floor_ratio:.1f}x its floor of "
             f"{floor * 1e3:.1f} ms (moving {one['bytes'] / 1e6:,.0f} MB at the measured bandwidth). "
-            f"Batch {int(big['batch'])}: {big['step_s'] * 1e3:.1f} ms per step, "
-            f"{big['step_s'] / one['step_s']:.1f}x batch 1's for {int(big['batch'])}x the tokens. Context "
+            f"Batch {sweep.largest_batch}: {big['step_s'] * 1e3:.1f} ms per step, "
+            f"{sweep.itl_growth:.1f}x batch 1's for {sweep.largest_batch}x the tokens. Context "
             f"{int(ctx_lo['context']):,} → {int(ctx_hi['context']):,} at batch 1: {ctx_lo['step_s'] * 1e3:.1f} → "
             f"<b>{ctx_hi['step_s'] * 1e3:.1f} ms</b> (KV read per step {ctx_lo['bytes_kv_read'] / 1e6:.1f} → "
             f"{ctx_hi['bytes_kv_read'] / 1e6:.1f} MB).")
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
-        frame = pd.concat([self.by_batch, self.by_context], ignore_index=True)
+        frame = pd.concat([self.result.by_batch, self.result.by_context], ignore_index=True)
         table = pd.DataFrame({"batch": frame["batch"], "context": frame["context"],
                               "step (ms)": frame["step_s"] * 1e3, "floor (ms)": frame["bandwidth_floor_s"] * 1e3,
                               "weights MB/token": frame["bytes_weights"] / frame["batch"] / 1e6,

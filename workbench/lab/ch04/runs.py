@@ -1,26 +1,27 @@
-"""Chapter 4's engine runs: TTFT by prompt length, a long prompt landing among decoders, and a streamed request.
+"""Chapter 4's engine runs as result objects: TTFT by prompt length (`ttft_sweep` -> `TTFTSweep`) and a long prompt
+landing among decoders under several schedules (`schedule_sweep` -> `ScheduleSweep`).
 
 Each function drives the real engine (`workbench.engine.LLMEngine`, through `workbench.bench.run_workload` where
-arrival times matter) and returns pandas frames; `workbench.lab.ch04_timing` turns them into figures. Prompts
-are random token ids with forced output lengths (``ignore_eos``) wherever lengths must be exact, and the prefix
-cache is off wherever a hit would hide the work being measured.
+arrival times matter); the panels (`workbench.lab.ch04.panels_timing`) draw the results and the closing table
+(`workbench.lab.ch04.ending`) judges them. Prompts are random token ids with forced output lengths
+(``ignore_eos``) wherever lengths must be exact, and the prefix cache is off wherever a hit would hide the work
+being measured. No widgets here.
 """
 
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from workbench.bench import run_workload
-from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
+from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.progress import ProgressFn, no_progress
 from workbench.workloads import WorkloadRequest, long_prompt_among_decoders
 
-Progress = Callable[[int, int, str], None]
 ARRIVALS = ("one at a time", "burst, longest first")
 # The chunked-prefill scenario of benchmarks/bench_chunked_prefill.py: four decoders, a 1,024-token prompt at
 # 0.5 s, a token budget of chunk + 32 per step (the benchmark's 160 for chunks of 128).
@@ -40,8 +41,51 @@ def _ids(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, 30000) for _ in range(n)]
 
 
+@dataclass(frozen=True)
+class TTFTSweep:
+    """TTFT per prompt length (one row per request, shortest first), split into queued and computing seconds."""
+
+    frame: pd.DataFrame  # prompt_tokens, ttft_s, queued_s, computing_s
+    arrivals: str  # one of ARRIVALS
+
+    @property
+    def shortest(self) -> int:
+        return int(self.frame["prompt_tokens"].iloc[0])
+
+    @property
+    def longest(self) -> int:
+        return int(self.frame["prompt_tokens"].iloc[-1])
+
+    @property
+    def ttft_short_ms(self) -> float:
+        return float(self.frame["ttft_s"].iloc[0] * 1e3)
+
+    @property
+    def ttft_long_ms(self) -> float:
+        return float(self.frame["ttft_s"].iloc[-1] * 1e3)
+
+    @property
+    def length_ratio(self) -> float:
+        return self.longest / self.shortest
+
+    @property
+    def ttft_ratio(self) -> float:
+        """Longest prompt's TTFT over the shortest's."""
+        return self.ttft_long_ms / self.ttft_short_ms
+
+    @property
+    def shortest_queued_share(self) -> float:
+        """The share of the shortest prompt's TTFT it spent queued."""
+        first = self.frame.iloc[0]
+        return float(first["queued_s"] / first["ttft_s"])
+
+    @property
+    def grows_with_prompt(self) -> bool:
+        return bool(self.frame["ttft_s"].is_monotonic_increasing)
+
+
 def ttft_sweep(model, lengths: Sequence[int], *, arrivals: str = ARRIVALS[0], budget: int = 512, seed: int = 0,
-               progress: Progress | None = None) -> pd.DataFrame:
+               progress: ProgressFn = no_progress) -> TTFTSweep:
     """TTFT of one request per prompt length, split into time queued (arrival to admission) and computing
     (admission to first token). ``arrivals``: each request alone, or all at once with the longest first."""
     if arrivals not in ARRIVALS:
@@ -56,17 +100,17 @@ def ttft_sweep(model, lengths: Sequence[int], *, arrivals: str = ARRIVALS[0], bu
     if arrivals == ARRIVALS[0]:
         frames = []
         for i, request in enumerate(reversed(requests)):
-            if progress is not None:
-                progress(i, len(requests), f"prefill of {len(request.prompt):,} tokens")
+            progress(i, len(requests), f"prefill of {len(request.prompt):,} tokens")
             frames.append(run_workload(engine, [request], realtime=False, progress=False, chat=False).requests)
         frame = pd.concat(frames, ignore_index=True)
     else:
-        if progress is not None:
-            progress(0, 1, f"{len(requests)} prompts arriving together")
+        progress(0, 1, f"{len(requests)} prompts arriving together")
         frame = run_workload(engine, requests, realtime=False, progress=False, chat=False).requests
     frame = frame.sort_values("prompt_tokens").reset_index(drop=True)
-    return pd.DataFrame({"prompt_tokens": frame["prompt_tokens"], "ttft_s": frame["ttft_s"],
-                         "queued_s": frame["queue_time_s"], "computing_s": frame["ttft_s"] - frame["queue_time_s"]})
+    progress(len(requests), len(requests), f"{len(requests)} requests, {arrivals}")
+    return TTFTSweep(pd.DataFrame({"prompt_tokens": frame["prompt_tokens"], "ttft_s": frame["ttft_s"],
+                                   "queued_s": frame["queue_time_s"],
+                                   "computing_s": frame["ttft_s"] - frame["queue_time_s"]}), arrivals)
 
 
 @dataclass(slots=True)
@@ -121,7 +165,7 @@ def schedule_run(model, label: str | int, *, decoder_tokens: int = DECODER_TOKEN
     later["role"] = later["request_id"].map(dict(zip(requests["request_id"], requests["role"], strict=True)))
     tokens = pd.concat([first, later[["name", "role", "time"]]], ignore_index=True).sort_values("time")
     steps = result.steps.assign(start=result.steps["start_time"] - origin)
-    return ScheduleRun(str(label) if isinstance(label, str) else f"chunks of {label}", requests,
+    return ScheduleRun(schedule_label(label), requests,
                        tokens.reset_index(drop=True), steps)
 
 
@@ -132,45 +176,66 @@ def warm_up(model) -> None:
                  progress=False, chat=False)
 
 
-def schedule_sweep(model, labels: Sequence[str | int], *, decoder_tokens: int = DECODER_TOKENS,
-                   long_prompt: int = LONG_PROMPT, progress: Progress | None = None) -> dict[str | int, ScheduleRun]:
-    """`schedule_run` for each configuration, after one warm-up."""
+def schedule_label(key: str | int) -> str:
+    return key if isinstance(key, str) else f"chunks of {key}"
+
+
+@dataclass(frozen=True)
+class ScheduleSweep:
+    """`schedule_run` under no chunking, each chunk size and static batching, with the summary the chapter reads."""
+
+    runs: dict[str | int, ScheduleRun]
+    chunks: tuple[int, ...]
+    long_prompt: int
+
+    def summary(self) -> pd.DataFrame:
+        """One row per configuration: the decoders' max and mean ITL, the long prompt's TTFT, steps."""
+        rows = [{"schedule": schedule_label(key), **run.summary()} for key, run in self.runs.items()]
+        return pd.DataFrame(rows).set_index("schedule")
+
+    @property
+    def reference_label(self) -> str:
+        """The chunked configuration the chapter quotes: chunks of 128 (the benchmark's), else the first."""
+        return schedule_label(128 if 128 in self.chunks else self.chunks[0])
+
+    def row(self, label: str) -> pd.Series:
+        return self.summary().loc[label]
+
+    @property
+    def stall_cut(self) -> float:
+        """How many times lower the decoders' worst gap is with the reference chunks than without chunking."""
+        return self.row(NO_CHUNKING)["max_itl_ms"] / self.row(self.reference_label)["max_itl_ms"]
+
+    @property
+    def residual_stall(self) -> float:
+        """The worst gap chunking leaves, in the decoders' mean gaps."""
+        chunk = self.row(self.reference_label)
+        return chunk["max_itl_ms"] / chunk["mean_itl_ms"]
+
+    @property
+    def ttft_cost(self) -> float:
+        """The long prompt's TTFT with the reference chunks over without chunking, minus 1."""
+        return self.row(self.reference_label)["long_ttft_ms"] / self.row(NO_CHUNKING)["long_ttft_ms"] - 1
+
+    @property
+    def static_wait(self) -> float:
+        """The long prompt's TTFT under static batching over without chunking."""
+        return self.row(STATIC)["long_ttft_ms"] / self.row(NO_CHUNKING)["long_ttft_ms"]
+
+    @property
+    def decoders_outlasted(self) -> bool:
+        """Whether every decoder outlived the long prompt's prefill in every run but static batching."""
+        return bool(self.summary().drop(index=STATIC)["decoders_outlasted_prefill"].all())
+
+
+def schedule_sweep(model, chunks: Sequence[int], *, decoder_tokens: int = DECODER_TOKENS,
+                   long_prompt: int = LONG_PROMPT, progress: ProgressFn = no_progress) -> ScheduleSweep:
+    """`schedule_run` with no chunking, each chunk size and static batching, after one warm-up."""
     warm_up(model)
+    labels = [NO_CHUNKING, *chunks, STATIC]
     runs = {}
     for i, label in enumerate(labels):
-        if progress is not None:
-            progress(i, len(labels), f"replaying with {label if isinstance(label, str) else f'chunks of {label}'}")
+        progress(i, len(labels), f"replaying with {schedule_label(label)}")
         runs[label] = schedule_run(model, label, decoder_tokens=decoder_tokens, long_prompt=long_prompt)
-    return runs
-
-
-@dataclass(slots=True)
-class StreamRun:
-    text: str
-    arrivals: pd.DataFrame  # one row per streamed delta: seconds since the request, tokens seen so far, text
-    ttft_s: float
-    streamed_total_s: float
-    buffered_total_s: float  # the same request without streaming: nothing to read until it is all done
-    same_text: bool
-
-
-def stream_vs_buffered(engine: LLMEngine, prompt: str, max_tokens: int, *,
-                       on_text: Callable[[str], None] | None = None) -> StreamRun:
-    """Stream one greedy request (``on_text`` sees the text so far after every delta), then run it unstreamed."""
-    params = SamplingParams(max_tokens=max_tokens)
-    rows, text = [], ""
-    start = time.perf_counter()
-    for output in engine.stream(prompt, params):
-        now = time.perf_counter() - start
-        delta = output.outputs[0]
-        text += delta.new_text
-        rows.append({"seconds": now, "tokens_seen": len(delta.token_ids), "new_text": delta.new_text})
-        if on_text is not None:
-            on_text(text)
-    streamed_total = time.perf_counter() - start
-    start = time.perf_counter()
-    buffered = engine.generate([prompt], params, progress=False)[0]
-    buffered_total = time.perf_counter() - start
-    arrivals = pd.DataFrame(rows, columns=["seconds", "tokens_seen", "new_text"])
-    return StreamRun(text, arrivals, float(arrivals["seconds"].iloc[0]), streamed_total, buffered_total,
-                     buffered.text == text)
+    progress(len(labels), len(labels), f"{len(labels)} replays")
+    return ScheduleSweep(runs, tuple(chunks), long_prompt)

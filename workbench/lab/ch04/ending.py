@@ -1,0 +1,136 @@
+"""Chapter 4's ending: 'Try this' exercises whose answers the package computes, and the closing table that sets
+each of the course's five key takeaways beside what the chapter measured and a verdict.
+
+Every verdict is computed from the chapter's results (`RooflineSteps`, `DecodeSweep`, two `TTFTSweep`s,
+`ScheduleSweep`, `StreamRun`) by the thresholds written next to each one, so a rerun on another machine can
+reach a different verdict and say so.
+"""
+
+from __future__ import annotations
+
+from workbench.lab.ch04.arithmetic import A100_BYTES_PER_S, decode_floor_ms, ridge_batch, ridge_prompt_length
+from workbench.lab.ch04.runs import NO_CHUNKING, STATIC, ScheduleSweep, TTFTSweep
+from workbench.lab.ch04.steps import DecodeSweep, RooflineSteps
+from workbench.lab.ch04.streaming import SAME_TOTAL, StreamRun
+from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.exercises import Exercise
+from workbench.models import model_spec
+from workbench.roofline import count_step, decode_work
+
+# A decode batch this large is within what serving engines run (vLLM's default max_num_seqs is 256): if decode
+# turns compute-bound below it, "decode is bandwidth-bound" needs the batch size said with it.
+SERVING_BATCH = 256
+STALL_CUT = 2.0  # chunking "prevents" the stall if the decoders' worst gap is at least this many times lower
+STATIC_WAIT = 1.2  # static batching makes the newcomer wait if its TTFT is at least this many times longer
+
+
+def exercises(roofline: RooflineSteps, ttft_alone: TTFTSweep) -> dict[str, Exercise]:
+    """The chapter's 'Try this' exercises; answers computed by the package from the measurements (``roofline``:
+    the roofline panel's result, ``ttft_alone``: the TTFT panel's with requests sent one at a time)."""
+    spec, dtype = roofline.spec, roofline.dtype
+    return {
+        "floor_70b": Exercise(
+            "Llama-3-70B in bf16 on a GPU that streams 2.0 TB/s: the least time of a batch-1 decode step, in ms?",
+            lambda: decode_floor_ms(model_spec("llama-3-70b"), A100_BYTES_PER_S),
+            why="every weight is read once per step: 70.6 G parameters × 2 bytes / 2.0e12 B/s",
+            hint="weight_bytes(model_spec('llama-3-70b'), torch.bfloat16) / bandwidth", rel_tol=0.02),
+        "decode_intensity": Exercise(
+            f"Arithmetic intensity (FLOP per byte) of a batch-1 decode step of this model in {dtype} at context 64?",
+            lambda: count_step(spec, decode_work(1, 64), dtype=dtype).intensity,
+            why="about 2 FLOPs per weight for each weight read once: 2 / bytes per weight, a little less with KV",
+            hint="count_step(model.spec, decode_work(1, 64), dtype=model.dtype)", rel_tol=0.05),
+        "ridge_batch": Exercise(
+            "From which decode batch size on is a decode step of this model (context 64) compute-bound on this "
+            "device, by the measured ridge point?",
+            lambda: ridge_batch(spec, roofline.peaks, dtype=dtype),
+            why="intensity grows about linearly with the batch (the weights are read once for all sequences) "
+                "until it crosses the ridge", hint="compare count_step(...).intensity with roofline.peaks.ridge",
+            rel_tol=0.0),
+        "ttft_ratio": Exercise(
+            "The course's 'Try this': by what factor is the longest prompt's TTFT longer than the shortest's in "
+            "the TTFT panel (one request at a time)?",
+            lambda: ttft_alone.ttft_ratio,
+            why="a short prompt still reads every weight once, so TTFT grows far less than the prompt length",
+            hint="the TTFT column of the panel's table, longest over shortest", rel_tol=0.02),
+    }
+
+
+def _phases(roofline: RooflineSteps) -> Takeaway:
+    ridge, one = roofline.peaks.ridge, roofline.decode_one
+    longest, shortest = roofline.longest_prefill, roofline.shortest_prefill
+    batch = ridge_batch(roofline.spec, roofline.peaks, dtype=roofline.dtype)
+    length = ridge_prompt_length(roofline.spec, roofline.peaks, dtype=roofline.dtype)
+    caveat = shortest["intensity"] < ridge or batch <= SERVING_BATCH or length > 1
+    return Takeaway(
+        "Prefill is compute-bound; decode is memory-bandwidth-bound.",
+        f"ridge {ridge:.1f} FLOP/B; batch-1 decode {one['intensity']:.2f} FLOP/B ({one['bound']}-bound); "
+        f"{int(longest['context']):,}-token prefill {longest['intensity']:.0f} FLOP/B ({longest['bound']}-bound); "
+        f"{int(shortest['context'])}-token prefill {shortest['intensity']:.1f} FLOP/B ({shortest['bound']}-bound)",
+        Verdict.judge(roofline.phases_split, caveat=caveat),
+        note=(f"the boundary is a width, not a phase: on this device a prefill of fewer than {length:,} tokens is "
+              f"bandwidth-bound too, and decode turns compute-bound from batch {batch:,} (context 64)"
+              if caveat else "") if roofline.phases_split else
+             "batch-1 decode and the longest prefill are not on opposite sides of this device's ridge point")
+
+
+def _latencies(alone: TTFTSweep, burst: TTFTSweep, decode: DecodeSweep) -> Takeaway:
+    holds = alone.grows_with_prompt and decode.itl_growth > 1
+    queued = burst.shortest_queued_share
+    return Takeaway(
+        "TTFT is determined by prefill length; ITL by decode speed and batch composition.",
+        f"alone, TTFT grew {alone.ttft_ratio:.1f}x for {alone.length_ratio:.0f}x the prompt; in a burst the "
+        f"{burst.shortest}-token prompt spent {queued:.0%} of its TTFT queued; a decode step (the ITL) grew "
+        f"{decode.itl_growth:.1f}x from batch 1 to {decode.largest_batch}",
+        Verdict.judge(holds, caveat=queued > 0.5),
+        note=("" if queued <= 0.5 else "under load TTFT is queueing plus prefill, and the queue dominated for the "
+              "short prompt") if holds else
+             "TTFT did not grow with the prompt, or the decode step did not grow with the batch, in this run")
+
+
+def _chunking(sweep: ScheduleSweep) -> Takeaway:
+    chunk = sweep.row(sweep.reference_label)
+    caveat = sweep.residual_stall > 2 or sweep.ttft_cost > 0
+    return Takeaway(
+        "Chunked prefill prevents long prompts from stalling decode for other sequences.",
+        f"the decoders' worst gap was {sweep.row(NO_CHUNKING)['max_itl_ms']:,.0f} ms without chunking and "
+        f"{chunk['max_itl_ms']:,.0f} ms with {sweep.reference_label} ({sweep.stall_cut:.1f}x lower), still "
+        f"{sweep.residual_stall:.1f}x their mean gap; the long prompt's TTFT {sweep.ttft_cost:+.0%}",
+        Verdict.judge(sweep.stall_cut > STALL_CUT, caveat=caveat),
+        note=("it bounds the stall to about one chunk's compute rather than preventing it, and the long prompt "
+              "pays in TTFT" if caveat else "") if sweep.stall_cut > STALL_CUT else
+             f"chunking cut the worst gap by less than {STALL_CUT:.0f}x here")
+
+
+def _continuous(sweep: ScheduleSweep) -> Takeaway:
+    static, off = sweep.row(STATIC), sweep.row(NO_CHUNKING)
+    holds = sweep.static_wait > STATIC_WAIT
+    return Takeaway(
+        "Continuous batching improves utilization for variable-length workloads.",
+        f"the long prompt joined the running batch at once; under static batching it waited for the batch, TTFT "
+        f"{sweep.static_wait:.1f}x (while the decoders' worst gap was {static['max_itl_ms']:,.0f} vs "
+        f"{off['max_itl_ms']:,.0f} ms unchunked)",
+        Verdict.judge(holds, caveat=True),
+        note=("measured here as the newcomer's wait, not as utilization (throughput is chapter 5's measurement)"
+              + ("; static batching spared the running decoders the stall"
+                 if static["max_itl_ms"] < off["max_itl_ms"] else "")) if holds else
+             f"the long prompt's TTFT under static batching was less than {STATIC_WAIT}x the continuous one here")
+
+
+def _streaming(run: StreamRun) -> Takeaway:
+    holds = run.ttft_s < run.buffered_total_s / 2
+    return Takeaway(
+        "Stream tokens: perceived latency improves even when total time is unchanged.",
+        f"first text after {run.ttft_s * 1e3:,.0f} ms streamed vs {run.buffered_total_s:.2f} s unstreamed; totals "
+        f"{run.streamed_total_s:.2f} s streamed vs {run.buffered_total_s:.2f} s buffered ({run.total_ratio:.2f}x, "
+        f"fastest of alternating rounds after an uncounted run of {run.cold_total_s:.2f} s)",
+        Verdict.judge(holds, caveat=not run.same_total),
+        note=(f"the totals differ by more than {SAME_TOTAL:.0%} here ({run.total_ratio:.2f}x)"
+              if not run.same_total else "") if holds else
+             "the first streamed text came no sooner than half the unstreamed wait")
+
+
+def closing_table(roofline: RooflineSteps, decode: DecodeSweep, ttft_alone: TTFTSweep, ttft_burst: TTFTSweep,
+                  chunked: ScheduleSweep, streaming: StreamRun) -> ClosingTable:
+    """The course's chapter-4 takeaways, what this chapter measured for each, and a computed verdict."""
+    return ClosingTable([_phases(roofline), _latencies(ttft_alone, ttft_burst, decode), _chunking(chunked),
+                         _continuous(chunked), _streaming(streaming)])
