@@ -18,7 +18,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "layout_body": "bench",
     "LayoutRun": "runs", "MultiTurnRun": "runs", "MinimumRun": "runs", "HttpUsage": "runs", "hit_rate": "runs",
     "layout_run": "runs", "multi_turn_run": "runs", "minimum_run": "runs", "http_usage_run": "runs",
-    "Economics": "economics", "TTLTimeline": "economics", "economics": "economics",
+    "Economics": "economics", "TTLTimeline": "economics", "daily_economics": "economics",
     "break_even_per_day": "economics", "seed_example_table": "economics", "ttl_timeline": "economics",
     "load_pricing": "workbench.hosted.pricing", "model_price": "workbench.hosted.pricing",
     "break_even_requests": "workbench.hosted.costs",

@@ -66,7 +66,7 @@ class Economics:
         return "cheaper" if cached < plain else "dearer" if cached > plain else "the same"
 
 
-def economics(provider: str = "anthropic", model: str = "claude-sonnet-4-6", *, ttl: str = "5m",
+def daily_economics(provider: str = "anthropic", model: str = "claude-sonnet-4-6", *, ttl: str = "5m",
               prefix_tokens: int = 4000, requests_per_day: int = 10_000) -> Economics:
     curve = pd.DataFrame([daily_costs(provider, model, prefix_tokens=prefix_tokens, requests_per_day=r, ttl=ttl)
                           | {"rate": r} for r in RATES])

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.hosted.pricing import models
-from workbench.lab.ch03.economics import RATES, TTL_CHOICES, Economics, TTLTimeline, economics, ttl_timeline
+from workbench.lab.ch03.economics import RATES, TTL_CHOICES, Economics, TTLTimeline, daily_economics, ttl_timeline
 from workbench.lab.kit.figures import set_trace, style, trace
 from workbench.lab.kit.panel import LabPanel
 
@@ -47,7 +47,7 @@ class EconomicsLab(LabPanel):
 
     def measure(self) -> Economics:
         provider, model = self.choice.value
-        return economics(provider, model, ttl=self.ttl_name, prefix_tokens=self.prefix.value,
+        return daily_economics(provider, model, ttl=self.ttl_name, prefix_tokens=self.prefix.value,
                          requests_per_day=self.rate.value)
 
     def draw(self) -> None:
