@@ -70,7 +70,9 @@ def _static_first(static: LayoutRun, dynamic: LayoutRun) -> Takeaway:
         f"on hits vs {static.miss_ms:,.0f} ms on the miss (warm-up excluded); {dynamic.layout}: "
         f"{dynamic.hit_rate:.0%} read",
         Verdict.judge(holds, caveat=not faster),
-        note="" if faster or not holds else "the bill drops, but on this machine the hits were not faster")
+        note=("" if faster else "the bill drops, but on this machine the hits were not faster") if holds else
+             (f"the static-first layout read only {static.hit_rate:.0%}" if dynamic.hit_rate == 0 else
+              f"the dynamic line on top still read {dynamic.hit_rate:.0%} from cache"))
 
 
 def _break_even(econ: Economics) -> Takeaway:
