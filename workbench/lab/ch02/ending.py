@@ -96,7 +96,10 @@ def _cache_row(cache: CacheComparison) -> Takeaway:
         "The KV cache stores keys and values, eliminating redundant computation during generation.",
         f"decode {cache.cached_tokens_per_s:.1f} vs {cache.recompute_tokens_per_s:.1f} tokens/s with and without "
         f"the cache ({cache.speedup:.1f}x); identical greedy tokens both ways: {cache.same_tokens}",
-        Verdict.judge(cache.same_tokens and cache.speedup > 1))
+        Verdict.judge(holds := cache.same_tokens and cache.speedup > 1),
+        note="" if holds else "not seen in this run: " + (
+            "the greedy tokens differ between the modes" if not cache.same_tokens else
+            "decoding was no faster with the cache (at this short a context the recompute is cheap)"))
 
 
 def _size_row(share: KVShare) -> Takeaway:
@@ -144,7 +147,10 @@ def _prefix_row(history: list[PrefixRun]) -> Takeaway:
         f"median TTFT after the first request: {hit.later_median_ms:.0f} ms with hits vs {off.later_median_ms:.0f} "
         f"ms with caching off ({speedup:.1f}x); with the per-request header first the hit rate is "
         f"{dynamic.hit_rate:.0%}",
-        Verdict.judge(speedup > 1.5 and dynamic.hit_rate == 0))
+        Verdict.judge(holds := speedup > 1.5 and dynamic.hit_rate == 0),
+        note="" if holds else "not seen in this run: " + (
+            "requests with the header first still hit the cache" if dynamic.hit_rate else
+            "hits were not clearly faster than the same requests with caching off"))
 
 
 def _eviction_row(eviction: EvictionSweep, policies: PolicyComparison) -> Takeaway:
