@@ -1,0 +1,141 @@
+"""Two measurements the course states without telling apart, measured here:
+
+- `token_latency` → `TokenLatency`: TPOT and ITL from the same run. TPOT is per request,
+  ``(e2e - TTFT) / (output tokens - 1)``, an average over the request's decode; ITL is every gap between two
+  streamed chunks. Under batching a newcomer's prefill stalls one step for everyone decoding: that gap is one ITL
+  sample far in the tail, but only a small share of each request's TPOT. Under speculation one chunk carries
+  several accepted tokens, so the gaps are step times while TPOT divides by tokens (lower, ~step/accepted).
+- `prefill_cost` → `PrefillCost`: one request at a time, prefill unchunked, ms per prompt token at several
+  lengths and the batch-1 decode step, fastest of ``repeats`` after an uncounted warm-up; its ``baseline()`` is
+  the chapter's `Baseline` (the same figures chapter 1 measures), and it shows why the capacity fit's
+  per-token cost is higher: the fit only sees chunks of at most 256 tokens mixed with decodes.
+
+No widgets here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
+from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.ch08.runs import CapacityFit, DashboardRun
+from workbench.lab.kit.baseline import Baseline
+from workbench.lab.kit.notebook import dtype_name
+from workbench.progress import ProgressFn, no_progress
+from workbench.timing import describe_machine
+from workbench.workloads import prompt_of_length
+
+PREFILL_LENGTHS = (64, 256, 1024)
+
+
+# ------------------------------------------------------------------------------------------ ITL vs TPOT
+@dataclass(frozen=True)
+class TokenLatency:
+    """Per request TPOT and every inter-chunk gap (ITL), in ms, from one benchmark run."""
+
+    tpot_ms: pd.Series  # one per request with >= 2 output tokens
+    itl_ms: pd.Series  # one per gap between streamed chunks
+    chunks_per_token: float  # streamed chunks over output tokens (1.0: one token per chunk, no speculation)
+
+    def stats(self) -> pd.DataFrame:
+        rows = {name: {"samples": len(s), "median": s.median(), "p90": s.quantile(0.9), "p99": s.quantile(0.99),
+                       "max": s.max(), "mean": s.mean()}
+                for name, s in (("TPOT (per request)", self.tpot_ms), ("ITL (per gap)", self.itl_ms))}
+        return pd.DataFrame(rows).T
+
+    @property
+    def tpot_p99(self) -> float:
+        return float(self.tpot_ms.quantile(0.99))
+
+    @property
+    def itl_p99(self) -> float:
+        return float(self.itl_ms.quantile(0.99))
+
+    @property
+    def tail_ratio(self) -> float:
+        """p99 ITL over p99 TPOT: how much of the tail averaging per request hides."""
+        return self.itl_p99 / self.tpot_p99
+
+
+def token_latency(run: DashboardRun) -> TokenLatency:
+    r = run.bench.requests
+    ok = r[r["success"].astype(bool) & (r["output_tokens"] > 1)]
+    tpot = (ok["e2e_s"] - ok["ttft_s"]) / (ok["output_tokens"] - 1) * 1e3
+    itl = run.bench.itl[run.bench.itl["index"].isin(ok["index"])]["itl_s"] * 1e3
+    chunks = float(ok["num_chunks"].sum()) / float(ok["output_tokens"].sum())
+    return TokenLatency(tpot.reset_index(drop=True), itl.reset_index(drop=True), chunks)
+
+
+# ----------------------------------------------------------------------------- prefill cost, baseline
+@dataclass(frozen=True)
+class PrefillCost:
+    """Prefill ms per prompt token by prompt length (one request, unchunked) and the batch-1 decode step."""
+
+    frame: pd.DataFrame  # index prompt_tokens; prefill_ms, ms_per_token, decode_step_ms
+    machine: str
+    dtype: str
+    repeats: int
+
+    @property
+    def longest(self) -> int:
+        return int(self.frame.index[-1])
+
+    def ms_per_token(self, tokens: int | None = None) -> float:
+        return float(self.frame.loc[tokens or self.longest, "ms_per_token"])
+
+    @property
+    def decode_ms(self) -> float:
+        return float(self.frame["decode_step_ms"].median())
+
+    def fit_over_direct(self, fit: CapacityFit) -> float:
+        """The capacity fit's per-token cost over the direct one at the longest prompt."""
+        return fit.costs.prefill_ms_per_token / self.ms_per_token()
+
+    def nearest_to_chunk(self, fit: CapacityFit) -> int:
+        """The measured length nearest the fit's largest prefill chunk."""
+        return min(self.frame.index, key=lambda n: abs(n - fit.largest_chunk))
+
+    def baseline(self) -> Baseline:
+        return Baseline(chapter="ch08", machine=self.machine, dtype=self.dtype,
+                        source=f"section 5's prefill check: one request at a time through the engine, prefill "
+                               f"unchunked, fastest of {self.repeats} runs per length after an uncounted warm-up; "
+                               f"prefill = the {self.longest:,}-token prefill step / its tokens, decode = the "
+                               "median batch-1 decode step",
+                        decode_step_ms=self.decode_ms, prefill_ms_per_token=self.ms_per_token(),
+                        prefill_tokens=self.longest)
+
+
+def _one_request(model, tokenizer, prompt: list[int], decode_steps: int) -> tuple[float, float]:
+    """(prefill step ms, median decode step ms) of one request alone in a fresh engine, prefill in one step."""
+    budget = max(2048, len(prompt) + 1)
+    engine = LLMEngine(model, tokenizer, cache_config=CacheConfig(num_blocks=max(64, len(prompt) // 16 + 16)),
+                       scheduler_config=SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=1))
+    engine.add_request(prompt, SamplingParams(max_tokens=decode_steps + 1, ignore_eos=True), chat=False)
+    while engine.has_unfinished_requests():
+        engine.step()
+    steps = engine.metrics.step_frame()
+    prefill = steps[steps["num_prefill_tokens"] > 0]
+    if len(prefill) != 1:
+        raise RuntimeError(f"the prefill took {len(prefill)} steps, expected one")
+    decode = steps[(steps["num_prefill_tokens"] == 0) & (steps["num_decode_seqs"] == 1)]
+    return float(prefill["duration_s"].iloc[0] * 1e3), float(np.median(decode["duration_s"]) * 1e3)
+
+
+def prefill_cost(model, tokenizer, lengths: Sequence[int] = PREFILL_LENGTHS, *, repeats: int = 2,
+                 decode_steps: int = 4, progress: ProgressFn = no_progress) -> PrefillCost:
+    _one_request(model, tokenizer, prompt_of_length(tokenizer, min(lengths)), 1)  # warm-up, not counted
+    rows = []
+    for i, n in enumerate(lengths):
+        progress(i, len(lengths), f"prefill of {n:,} tokens")
+        runs = [_one_request(model, tokenizer, prompt_of_length(tokenizer, n), decode_steps) for _ in range(repeats)]
+        prefill = min(r[0] for r in runs)
+        rows.append({"prompt_tokens": n, "prefill_ms": prefill, "ms_per_token": prefill / n,
+                     "decode_step_ms": min(r[1] for r in runs)})
+    progress(len(lengths), len(lengths), "done")
+    return PrefillCost(pd.DataFrame(rows).set_index("prompt_tokens"), describe_machine(model.device),
+                       dtype_name(model.dtype), repeats)
