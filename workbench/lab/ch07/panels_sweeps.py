@@ -9,23 +9,26 @@ speculative sampling leaves the distribution unchanged (`workbench.spec.experime
 
 from __future__ import annotations
 
-import math
-
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.lab.ch07_panels import COLORS, k_control, proposer_control, task_control
-from workbench.lab.kit.figures import style
+from workbench.lab.ch07.panels import COLORS, k_control, proposer_control, task_control
+from workbench.lab.ch07.runs import BatchRun, batch_run
+from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.spec.experiments.compare import compare
+from workbench.spec.experiments.compare import Comparison, compare
 from workbench.spec.experiments.forward_cost import ForwardCurve
 from workbench.spec.experiments.methods import PLAIN, PROPOSERS, task_prompts
-from workbench.spec.experiments.sampling_check import CHECK_PROPOSERS, VOCAB, sampling_check
+from workbench.spec.experiments.sampling_check import CHECK_PROPOSERS, VOCAB, SamplingCheck, sampling_check
 from workbench.spec.theory import best_k, speedup
 
 K_MAX = 12
+MEASURED, MODEL, TEXTBOOK, BEST = ("measured", "model: E ÷ (r(K) + K·c), r from the forward curve",
+                                   "textbook: E ÷ (1 + K·c)", "model's best K")
+SAMPLES, TARGET, DRAFT = ("speculative samples (share)", "target, exact",
+                          "draft model, exact (what a wrong rule would follow)")
 
 
 class KSweepLab(LabPanel):
@@ -38,27 +41,37 @@ class KSweepLab(LabPanel):
         self.ks, self.num_prompts, self.max_tokens = ks, num_prompts, max_tokens
         self.proposer, self.task = proposer_control(proposer), task_control(task)
         fig = go.Figure()
-        fig.add_scatter(name="measured", mode="markers+lines", marker={"size": 10})
-        fig.add_scatter(name="model: E ÷ (r(K) + K·c), r from the forward curve", mode="lines",
+        fig.add_scatter(name=MEASURED, mode="markers+lines", marker={"size": 10})
+        fig.add_scatter(name=MODEL, mode="lines",
                         line={"dash": "dash", "color": "#bcbd22"})
-        fig.add_scatter(name="textbook: E ÷ (1 + K·c)", mode="lines", line={"dash": "dot", "color": "#17becf"})
-        fig.add_scatter(name="model's best K", mode="markers", marker={"symbol": "star", "size": 16,
+        fig.add_scatter(name=TEXTBOOK, mode="lines", line={"dash": "dot", "color": "#17becf"})
+        fig.add_scatter(name=BEST, mode="markers", marker={"symbol": "star", "size": 16,
                                                                         "color": "#d62728"})
         fig.update_xaxes(title_text="K (drafts per pass)", dtick=1)
         fig.update_yaxes(title_text="decode speed ÷ plain decoding", rangemode="tozero")
         style(fig, "Speedup against K", measured_on(model))
-        self.figure, self.comparison, self.alpha, self.c = fig, None, float("nan"), float("nan")
+        self.figure = fig
         super().__init__([self.proposer, self.task], [fig])
-        self.refresh()
 
     def labels(self) -> list[str]:
         return [f"{self.proposer.value}, K={k}" for k in self.ks]
 
-    def measure(self) -> None:
-        self.comparison = compare(self.model, self.tokenizer, task_prompts(self.task.value, self.num_prompts),
-                                  [(self.proposer.value, k) for k in self.ks], max_tokens=self.max_tokens,
-                                  draft=self.draft, progress=self.progress)
-        self.alpha, self.c = self.comparison.pooled(self.labels())
+    def measure(self) -> Comparison:
+        return compare(self.model, self.tokenizer, task_prompts(self.task.value, self.num_prompts),
+                       [(self.proposer.value, k) for k in self.ks], max_tokens=self.max_tokens,
+                       draft=self.draft, progress=self.progress)
+
+    @property
+    def comparison(self) -> Comparison:
+        return self.result
+
+    @property
+    def alpha(self) -> float:
+        return self.comparison.pooled(self.labels())[0]
+
+    @property
+    def c(self) -> float:
+        return self.comparison.pooled(self.labels())[1]
 
     def model_curve(self, verify_cost=None) -> list[float]:
         cost = self.curve.verify_cost(1) if verify_cost is None else verify_cost
@@ -71,12 +84,11 @@ class KSweepLab(LabPanel):
         summary = self.comparison.summary().loc[self.labels()]
         k_best, s_best = self.best()
         with self.figure.batch_update():
-            measured, model, textbook, star = self.figure.data
-            measured.x, measured.y = list(self.ks), summary["speedup"]
-            measured.marker.color = COLORS[self.proposer.value]
-            model.x = textbook.x = list(range(K_MAX + 1))
-            model.y, textbook.y = self.model_curve(), self.model_curve(1.0)
-            star.x, star.y = [k_best], [s_best]
+            set_trace(self.figure, MEASURED, x=list(self.ks), y=summary["speedup"],
+                      marker={"color": COLORS[self.proposer.value]})
+            set_trace(self.figure, MODEL, x=list(range(K_MAX + 1)), y=self.model_curve())
+            set_trace(self.figure, TEXTBOOK, x=list(range(K_MAX + 1)), y=self.model_curve(1.0))
+            set_trace(self.figure, BEST, x=[k_best], y=[s_best])
             self.figure.layout.title.text = (f"Speedup against K: {self.proposer.value} on {self.task.value} "
                                              f"(pooled α = {self.alpha:.2f}, c = {self.c:.3f})")
         top = summary["speedup"].idxmax()
@@ -117,43 +129,25 @@ class BatchLab(LabPanel):
         rate.update_xaxes(title_text="batch", type="category")
         rate.update_yaxes(title_text="decode tokens/s (all sequences)")
         style(rate, "Decode throughput by batch size", measured_on(model), height=360)
-        self.speed_figure, self.rate_figure, self.comparisons = speed, rate, {}
+        self.speed_figure, self.rate_figure = speed, rate
         super().__init__([self.task, self.k], [speed, rate])
-        self.refresh()
 
-    def measure(self) -> None:
-        self.comparisons = {}
-        for i, b in enumerate(self.batches):
-            self.progress(i, len(self.batches), f"batch {b}")
-            self.comparisons[b] = compare(self.model, self.tokenizer, task_prompts(self.task.value, b),
-                                          [(label, self.k.value) for label in PROPOSERS], max_tokens=self.max_tokens,
-                                          batch=b, draft=self.draft)
-        self.progress.finish(f"batches {list(self.batches)} done")
+    def measure(self) -> BatchRun:
+        return batch_run(self.model, self.tokenizer, self.draft, self.curve, task=self.task.value, k=self.k.value,
+                         batches=self.batches, max_tokens=self.max_tokens, progress=self.progress)
 
     def frame(self) -> pd.DataFrame:
         """One row per (batch, method): decode tokens/s, speedup, α, c, r and the model's speedup."""
-        rows = []
-        for b, comparison in self.comparisons.items():
-            summary = comparison.summary()
-            r_curve = self.curve.ratio(b * (self.k.value + 1), b)
-            for method, row in summary.iterrows():
-                model = (speedup(row["alpha"], self.k.value, row["draft_cost_c"], r_curve)
-                         if method != PLAIN and math.isfinite(row["alpha"]) and math.isfinite(row["draft_cost_c"])
-                         else float("nan"))
-                rows.append({"batch": b, "method": method, "decode_tokens_per_s": row["decode_tokens_per_s"],
-                             "speedup": row["speedup"], "alpha": row["alpha"], "draft_cost_c": row["draft_cost_c"],
-                             "verify_cost_r": row["verify_cost_r"], "r_forward_curve": r_curve,
-                             "speedup_model": model, "same_as_plain": row["same_as_plain"]})
-        return pd.DataFrame(rows)
+        return self.result.frame
 
     def draw(self) -> None:
         frame = self.frame()
         with self.speed_figure.batch_update():
-            for i, label in enumerate(PROPOSERS):
+            for label in PROPOSERS:
                 rows = frame[frame["method"] == label]
-                self.speed_figure.data[2 * i].x, self.speed_figure.data[2 * i].y = rows["batch"], rows["speedup"]
-                self.speed_figure.data[2 * i + 1].x = rows["batch"]
-                self.speed_figure.data[2 * i + 1].y = rows["speedup_model"]
+                set_trace(self.speed_figure, f"{label}: measured", x=rows["batch"], y=rows["speedup"])
+                set_trace(self.speed_figure, f"{label}: model, r at that batch", x=rows["batch"],
+                          y=rows["speedup_model"])
             self.speed_figure.layout.title.text = f"Speedup against batch size: {self.task.value}, K={self.k.value}"
             self.speed_figure.layout.shapes = [{"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": 1,
                                                 "y1": 1, "line": {"color": "black", "dash": "dot"}}]
@@ -183,34 +177,33 @@ class SamplingLab(LabPanel):
         self.temperature = widgets.Dropdown(options=[0.7, 1.0, 1.5], value=temperature, description="temperature")
         self.samples = widgets.Dropdown(options=[1000, 2000, 4000], value=samples, description="samples")
         fig = go.Figure()
-        fig.add_bar(name="speculative samples (share)", marker_color="#1f77b4")
-        fig.add_scatter(name="target, exact", mode="markers", marker={"symbol": "line-ew-open", "size": 18,
+        fig.add_bar(name=SAMPLES, marker_color="#1f77b4")
+        fig.add_scatter(name=TARGET, mode="markers", marker={"symbol": "line-ew-open", "size": 18,
                                                                        "color": "black", "line": {"width": 3}})
-        fig.add_scatter(name="draft model, exact (what a wrong rule would follow)", mode="markers",
+        fig.add_scatter(name=DRAFT, mode="markers",
                         marker={"symbol": "x", "size": 8, "color": "#d62728"})
         fig.update_xaxes(title_text="(token 2, token 3), most likely first", type="category")
         fig.update_yaxes(title_text="probability")
         style(fig, "Speculative sampling keeps the target's distribution",
               "tiny 6-token models with random weights, enumerated exactly; CPU · float32", height=380)
-        self.figure, self.result = fig, None
+        self.figure = fig
         super().__init__([self.proposer, self.temperature, self.samples], [fig])
-        self.refresh()
 
-    def measure(self) -> None:
+    def measure(self) -> SamplingCheck:
         self.progress(0, 1, "sampling")
-        self.result = sampling_check(self.proposer.value, temperature=self.temperature.value,
+        check = sampling_check(self.proposer.value, temperature=self.temperature.value,
                                      samples=self.samples.value)
         self.progress.finish(f"{self.samples.value} samples")
+        return check
 
     def draw(self) -> None:
         r = self.result
         order = r.target.argsort(descending=True).tolist()
         names = [f"{i // VOCAB},{i % VOCAB}" for i in order]
         with self.figure.batch_update():
-            bars, target, draft = self.figure.data
-            bars.x, bars.y = names, (r.counts / r.counts.sum())[order].tolist()
-            target.x, target.y = names, r.target[order].tolist()
-            draft.x, draft.y = names, r.draft[order].tolist()
+            set_trace(self.figure, SAMPLES, x=names, y=(r.counts / r.counts.sum())[order].tolist())
+            set_trace(self.figure, TARGET, x=names, y=r.target[order].tolist())
+            set_trace(self.figure, DRAFT, x=names, y=r.draft[order].tolist())
         verdict = "fit the target" if r.p_value > 1e-3 else "do NOT fit the target"
         self.status.value = (
             f"{r.samples} samples at temperature {r.temperature:g} with {r.proposer} (K=2): {r.drafted} tokens "

@@ -4,8 +4,9 @@
 free); ``TokenTraceLab`` shows one request's drafts, accepted and rejected, token by token; ``AcceptanceLab``
 runs a task set with both proposers beside plain decoding and plots acceptance by draft position against
 independent acceptance at the measured α, and each proposer's speedup against the model's prediction. Runs
-live in `workbench.spec.experiments` and `ch07_trace`; this module turns controls into runs and runs into
-figures.
+live in `workbench.spec.experiments`, `workbench.lab.ch07.runs` and `workbench.lab.ch07.trace`; this module turns
+controls into runs and runs into figures. Each panel measures when asked (``.run()``, first display, or
+``.result``).
 """
 
 from __future__ import annotations
@@ -15,16 +16,26 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.data import load_prompts
-from workbench.lab.ch07_trace import ACCEPTED, REJECTED, UNTESTED, trace_html, trace_request
-from workbench.lab.kit.figures import style
+from workbench.lab.ch07.runs import AcceptanceRun, acceptance_run
+from workbench.lab.ch07.trace import ACCEPTED, REJECTED, UNTESTED, RequestTrace, trace_html, trace_request
+from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.spec.experiments.compare import compare
-from workbench.spec.experiments.forward_cost import POSITIONS, forward_curve
-from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS, task_prompts
+from workbench.spec.experiments.forward_cost import POSITIONS, ForwardCurve, forward_curve
+from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS
 
 COLORS = {"prompt lookup": "#1f77b4", "trained draft": "#ff7f0e", PLAIN: "#7f7f7f"}
 TEMPERATURES = [("0 (greedy)", 0.0), ("0.7", 0.7), ("1.0", 1.0)]
+MEASURED_FORWARD, ROOFLINE = "measured forward", "roofline: max(weights ÷ bandwidth, FLOPs ÷ peak rate)"
+MARKS = "plain step (B positions) → verifying step (B·(K+1))"
+FATES = {"accepted": "accepted", "rejected": "rejected", "never tested": "untested"}  # trace name -> column
+EMITTED = "tokens emitted"
+POSITION_TRACES = {"α at position i: accepted ÷ tested": "alpha",
+                   "accepted ÷ drafted at position i": "acceptance_rate",
+                   "theory: α (the same at every position)": "alpha_theory",
+                   "theory: αⁱ (every earlier draft accepted too)": "acceptance_rate_theory"}
+SPEED_TRACES = {"measured": "speedup", "model: E ÷ (r + K·c), r and c measured": "speedup_model",
+                "textbook: E ÷ (1 + K·c), verification free": "speedup_textbook"}
 
 
 def proposer_control(value: str = "prompt lookup") -> widgets.ToggleButtons:
@@ -51,20 +62,23 @@ class ForwardCostLab(LabPanel):
         self.k = k_control(k)
         self.batch = widgets.Dropdown(options=[1, 4, 16], value=batch, description="sequences")
         fig = go.Figure()
-        fig.add_scatter(name="measured forward", mode="lines+markers", line={"color": "#1f77b4"})
-        fig.add_scatter(name="roofline: max(weights ÷ bandwidth, FLOPs ÷ peak rate)", mode="lines",
+        fig.add_scatter(name=MEASURED_FORWARD, mode="lines+markers", line={"color": "#1f77b4"})
+        fig.add_scatter(name=ROOFLINE, mode="lines",
                         line={"color": "#7f7f7f", "dash": "dash"})
-        fig.add_scatter(name="plain step (B positions) → verifying step (B·(K+1))", mode="markers+text",
+        fig.add_scatter(name=MARKS, mode="markers+text",
                         marker={"size": 12, "color": "#d62728"}, textposition="top left")
         fig.update_xaxes(title_text="positions in the forward (sequences × tokens each)", type="log")
         fig.update_yaxes(title_text="time of one forward (ms)", type="log")
         style(fig, "One target forward against the positions it processes", measured_on(model))
-        self.figure, self.curve = fig, None
+        self.figure = fig
         super().__init__([], [fig], redraw_only=[self.k, self.batch])
-        self.refresh()
 
-    def measure(self) -> None:
-        self.curve = forward_curve(self.model, self.positions, progress=self.progress)
+    def measure(self) -> ForwardCurve:
+        return forward_curve(self.model, self.positions, progress=self.progress)
+
+    @property
+    def curve(self) -> ForwardCurve:
+        return self.result
 
     def verify_ratio(self) -> float:
         b = self.batch.value
@@ -73,11 +87,10 @@ class ForwardCostLab(LabPanel):
     def draw(self) -> None:
         curve, frame, b, k = self.curve, self.curve.frame, self.batch.value, self.k.value
         with self.figure.batch_update():
-            measured, roof, marks = self.figure.data
-            measured.x, measured.y = frame["positions"], frame["ms"]
-            roof.x, roof.y = frame["positions"], [curve.roofline_ms(n) for n in frame["positions"]]
-            marks.x, marks.y = [b, b * (k + 1)], [curve.ms(b), curve.ms(b * (k + 1))]
-            marks.text = [f"B={b}", f"B·(K+1)={b * (k + 1)}: r={self.verify_ratio():.2f}"]
+            set_trace(self.figure, MEASURED_FORWARD, x=frame["positions"], y=frame["ms"])
+            set_trace(self.figure, ROOFLINE, x=frame["positions"], y=[curve.roofline_ms(n) for n in frame["positions"]])
+            set_trace(self.figure, MARKS, x=[b, b * (k + 1)], y=[curve.ms(b), curve.ms(b * (k + 1))],
+                      text=[f"B={b}", f"B·(K+1)={b * (k + 1)}: r={self.verify_ratio():.2f}"])
         self.status.value = (
             f"One position takes <b>{curve.ms(1):.1f} ms</b> (the weights stream at {curve.bandwidth / 1e9:.1f} GB/s); "
             f"{k + 1} positions take {curve.ms(k + 1):.1f} ms, so verifying K={k} drafts costs "
@@ -106,28 +119,32 @@ class TokenTraceLab(LabPanel):
         fig = go.Figure()
         for name, color in (("accepted", ACCEPTED), ("rejected", REJECTED), ("never tested", UNTESTED)):
             fig.add_bar(name=name, marker_color=color, marker_line={"color": "#555", "width": 0.5})
-        fig.add_scatter(name="tokens emitted", mode="markers", marker={"color": "black", "symbol": "diamond"})
+        fig.add_scatter(name=EMITTED, mode="markers", marker={"color": "black", "symbol": "diamond"})
         fig.update_layout(barmode="stack")
         fig.update_xaxes(title_text="verification pass")
         fig.update_yaxes(title_text="drafted tokens", rangemode="tozero")
         style(fig, "Every verification pass of one request", measured_on(model), height=360)
-        self.figure, self.trace = fig, None
+        self.figure = fig
         super().__init__([self.request, self.proposer, self.k, self.temperature], [fig])
-        self.refresh()
 
-    def measure(self) -> None:
+    def measure(self) -> RequestTrace:
         self.progress(0, 1, "generating")
-        self.trace = trace_request(self.model, self.tokenizer, self.request.value, PROPOSERS[self.proposer.value],
+        trace = trace_request(self.model, self.tokenizer, self.request.value, PROPOSERS[self.proposer.value],
                                    self.k.value, max_tokens=self.max_tokens, temperature=self.temperature.value,
                                    draft=self.draft)
-        self.progress.finish(f"{len(self.trace.output_ids)} tokens")
+        self.progress.finish(f"{len(trace.output_ids)} tokens")
+        return trace
+
+    @property
+    def trace(self) -> RequestTrace:
+        return self.result
 
     def draw(self) -> None:
         frame, trace = self.trace.frame(), self.trace
         with self.figure.batch_update():
-            for bar, column in zip(self.figure.data[:3], ("accepted", "rejected", "untested"), strict=True):
-                bar.x, bar.y = frame["pass"], frame[column]
-            self.figure.data[3].x, self.figure.data[3].y = frame["pass"], frame["emitted"]
+            for name, column in FATES.items():
+                set_trace(self.figure, name, x=frame["pass"], y=frame[column])
+            set_trace(self.figure, EMITTED, x=frame["pass"], y=frame["emitted"])
             self.figure.layout.title.text = (f"Every verification pass of one request: {self.proposer.value}, "
                                              f"K={self.k.value}, temperature {self.temperature.value:g}")
         drafted, accepted = int(frame["drafted"].sum()), int(frame["accepted"].sum())
@@ -157,41 +174,46 @@ class AcceptanceLab(LabPanel):
         self.shown = proposer_control()
         self.shown.description = "positions of"
         positions = go.Figure()
-        for name, color in (("α at position i: accepted ÷ tested", "#2ca02c"),
-                            ("accepted ÷ drafted at position i", "#9467bd")):
+        bars, lines = list(POSITION_TRACES)[:2], list(POSITION_TRACES)[2:]
+        for name, color in zip(bars, ("#2ca02c", "#9467bd"), strict=True):
             positions.add_bar(name=name, marker_color=color)
-        for name, color in (("theory: α (the same at every position)", "#2ca02c"),
-                            ("theory: αⁱ (every earlier draft accepted too)", "#9467bd")):
+        for name, color in zip(lines, ("#2ca02c", "#9467bd"), strict=True):
             positions.add_scatter(name=name, mode="lines+markers", line={"color": color, "dash": "dash"})
         positions.update_xaxes(title_text="draft position i", dtick=1)
         positions.update_yaxes(title_text="rate", range=[0, 1.05])
         style(positions, "Acceptance by draft position", measured_on(model))
         speed = go.Figure()
-        for name, color in (("measured", None), ("model: E ÷ (r + K·c), r and c measured", "#bcbd22"),
-                            ("textbook: E ÷ (1 + K·c), verification free", "#17becf")):
+        for name, color in zip(SPEED_TRACES, (None, "#bcbd22", "#17becf"), strict=True):
             speed.add_bar(name=name, marker_color=color, textposition="outside")
         speed.update_yaxes(title_text="decode speed ÷ plain decoding", rangemode="tozero")
         style(speed, "Speedup against plain decoding, measured in the same run", measured_on(model), height=380)
         self.positions_figure, self.speed_figure = positions, speed
-        self.comparison, self.history = None, []
+        self.history: list[AcceptanceRun] = []
         super().__init__([self.task, self.k, self.temperature], [positions, speed], redraw_only=[self.shown])
-        self.refresh()
 
-    def measure(self) -> None:
-        k = self.k.value
-        self.comparison = compare(self.model, self.tokenizer, task_prompts(self.task.value, self.num_prompts),
-                                  [(label, k) for label in PROPOSERS], max_tokens=self.max_tokens,
-                                  temperature=self.temperature.value, draft=self.draft, progress=self.progress)
-        self.history.append({"task": self.task.value, "K": k, "temperature": self.temperature.value,
-                             "summary": self.comparison.summary()})
+    def measure(self) -> AcceptanceRun:
+        run = acceptance_run(self.model, self.tokenizer, self.draft, task=self.task.value, k=self.k.value,
+                             temperature=self.temperature.value, num_prompts=self.num_prompts,
+                             max_tokens=self.max_tokens, progress=self.progress)
+        self.history.append(run)
+        return run
+
+    @property
+    def comparison(self):
+        return self.result.comparison
 
     def summary(self) -> pd.DataFrame:
-        return self.comparison.summary()
+        return self.result.summary
+
+    def latest(self, task: str, temperature: float = 0.0) -> AcceptanceRun | None:
+        """The latest run on ``task`` at ``temperature`` (None if there was none)."""
+        runs = [run for run in self.history if run.task == task and run.temperature == temperature]
+        return runs[-1] if runs else None
 
     def history_frame(self) -> pd.DataFrame:
         """Every run so far: one row per (task, K, temperature, proposer)."""
-        rows = [{"task": h["task"], "K": h["K"], "temperature": h["temperature"], "proposer": label,
-                 **h["summary"].loc[label, ["speedup", "alpha", "accepted_per_drafted", "tokens_per_pass"]]}
+        rows = [{"task": h.task, "K": h.k, "temperature": h.temperature, "proposer": label,
+                 **h.summary.loc[label, ["speedup", "alpha", "accepted_per_drafted", "tokens_per_pass"]]}
                 for h in self.history for label in PROPOSERS]
         return pd.DataFrame(rows)
 
@@ -199,20 +221,17 @@ class AcceptanceLab(LabPanel):
         shown, summary = self.shown.value, self.summary()
         frame = self.comparison.positions(shown)
         with self.positions_figure.batch_update():
-            alpha_bar, rate_bar, alpha_line, rate_line = self.positions_figure.data
-            for trace, column in ((alpha_bar, "alpha"), (rate_bar, "acceptance_rate"),
-                                  (alpha_line, "alpha_theory"), (rate_line, "acceptance_rate_theory")):
-                trace.x, trace.y = frame["position"], frame[column]
+            for name, column in POSITION_TRACES.items():
+                set_trace(self.positions_figure, name, x=frame["position"], y=frame[column])
             self.positions_figure.layout.title.text = (
                 f"Acceptance by draft position: {shown}, {self.task.value}, K={self.k.value}, "
                 f"pooled α = {summary.loc[shown, 'alpha']:.2f}")
         labels = list(PROPOSERS)
         with self.speed_figure.batch_update():
-            for trace, column in zip(self.speed_figure.data, ("speedup", "speedup_model", "speedup_textbook"),
-                                     strict=True):
-                trace.x, trace.y = labels, summary.loc[labels, column]
-                trace.text = [f"{v:.2f}x" for v in summary.loc[labels, column]]
-            self.speed_figure.data[0].marker.color = [COLORS[label] for label in labels]
+            for name, column in SPEED_TRACES.items():
+                set_trace(self.speed_figure, name, x=labels, y=summary.loc[labels, column],
+                          text=[f"{v:.2f}x" for v in summary.loc[labels, column]])
+            set_trace(self.speed_figure, "measured", marker={"color": [COLORS[label] for label in labels]})
             self.speed_figure.layout.shapes = [{"type": "line", "x0": -0.5, "x1": 1.5, "y0": 1, "y1": 1,
                                                 "line": {"color": "black", "dash": "dot"}}]
         self.status.value = self._sentence(summary)

@@ -1,0 +1,143 @@
+"""Chapter 7's ending: the 'Try this' exercises (answers computed by `workbench.spec.theory`, or from a run the
+notebook just measured) and the closing table that sets each of the seed's five takeaways beside what the chapter
+measured, with a verdict computed from the results by the conditions written next to each row."""
+
+from __future__ import annotations
+
+from workbench.lab.ch07.runs import AcceptanceRun, BatchRun
+from workbench.lab.ch07.trees import TreeComparison
+from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.exercises import Exercise
+from workbench.spec.experiments.forward_cost import ForwardCurve
+from workbench.spec.experiments.methods import PROPOSERS
+from workbench.spec.experiments.sampling_check import SamplingCheck
+from workbench.spec.stats import expected_tokens_per_pass
+from workbench.spec.theory import best_k, break_even_alpha
+
+LOOKUP, HEAD = "prompt lookup", "trained draft"
+SEED_THRESHOLD = 0.70  # the seed's "below ~70% acceptance it may not pay"
+
+
+def exercises() -> dict[str, Exercise]:
+    """The chapter's 'Try this' questions, each with its answer computed by the package."""
+    return {
+        "tokens_per_pass": Exercise(
+            "Expected tokens per target pass at α = 0.8 with K = 5 drafts?",
+            lambda: expected_tokens_per_pass(0.8, 5),
+            why="(1 − 0.8⁶) ÷ (1 − 0.8): the accepted run of drafts plus the one token the target always adds",
+            hint="sum α^i for i = 0 … K", rel_tol=0.01),
+        "best_k": Exercise(
+            "α = 0.6, each drafted token costs c = 0.1 of a target step, verification is free: which K (0-16) is "
+            "fastest?",
+            lambda: best_k(0.6, 0.1)[0],
+            why="E(α, K) ÷ (1 + K·c) is 1.45, 1.63, 1.67, 1.65 for K = 1..4: the fourth draft adds less than it "
+                "costs",
+            hint="tabulate (1 − 0.6^(K+1)) ÷ 0.4 ÷ (1 + 0.1·K)", rel_tol=0.0),
+        "break_even": Exercise(
+            "K = 4, c = 0.05, verification free: below which α does speculation make decoding slower?",
+            lambda: break_even_alpha(4, 0.05),
+            why="the speedup is 1 where E(α, 4) = 1 + 4 × 0.05 = 1.2, i.e. α + α² + α³ + α⁴ = 0.2",
+            hint="solve E(α, 4) = 1.2 (bisection works)", rel_tol=0.02),
+    }
+
+
+def measured_alpha_exercise(run: AcceptanceRun, proposer: str = HEAD) -> Exercise:
+    """α from the counts an acceptance run measured (the answer follows that run)."""
+    row = run.row(proposer)
+    return Exercise(
+        f"The acceptance panel's {proposer} drafted {int(row['drafted'])} tokens; {int(row['tested'])} were tested "
+        f"(every earlier draft of their pass accepted) and {int(row['accepted'])} accepted. What α does the "
+        "formula (1 − α^(K+1)) ÷ (1 − α) need?",
+        lambda: float(row["accepted"] / row["tested"]),
+        why="accepted ÷ tested: drafts after a rejection were never tested, so counting them (accepted ÷ drafted) "
+            "understates the per-token acceptance", hint="which drafts had a chance to be accepted?", rel_tol=0.01)
+
+
+def _row(claim: str, measured: str, holds: bool, *, caveat: bool, caveat_note: str, wrong_note: str) -> Takeaway:
+    """A takeaway whose verdict is ``Verdict.judge(holds, caveat=caveat)`` and whose note matches the verdict."""
+    verdict = Verdict.judge(holds, caveat=caveat)
+    note = {Verdict.WRONG: wrong_note, Verdict.CAVEAT: caveat_note}.get(verdict, "")
+    return Takeaway(claim, measured, verdict, note)
+
+
+def _amortize(curve: ForwardCurve, grounded: AcceptanceRun) -> Takeaway:
+    lookup, k = grounded.row(LOOKUP), grounded.k
+    tokens, r1 = float(lookup["tokens_per_pass"]), curve.ratio(k + 1)
+    return _row(
+        "several tokens per target pass amortize the weight reads",
+        f"prompt lookup on grounded tasks: {tokens:.2f} tokens per pass; a forward over {k + 1} positions costs "
+        f"{r1:.2f}x one over 1 position at batch 1 (measured speedup {float(lookup['speedup']):.2f}x)",
+        # Holds when a pass yields more tokens than its wider forward costs; caveat when verification is not free.
+        tokens > r1, caveat=r1 > 1.25,
+        caveat_note=f"verifying {k + 1} positions is not free on this machine (r = {r1:.2f}), so the yield must "
+                    "beat r",
+        wrong_note=f"a pass yielded fewer tokens ({tokens:.2f}) than its wider forward cost (r = {r1:.2f})")
+
+
+def _acceptance(grounded: AcceptanceRun, chat: AcceptanceRun) -> Takeaway:
+    points = [(run, label) for run in (grounded, chat) for label in PROPOSERS]
+    be = {label: chat.break_even(label) for label in PROPOSERS}
+    # Holds when, for each proposer, the task with the higher α is the one with the higher speedup.
+    follows = all((grounded.alpha(p) > chat.alpha(p)) == (grounded.speedup(p) > chat.speedup(p)) for p in PROPOSERS)
+    spread = abs(be[LOOKUP] - be[HEAD]) > 0.1 or all(abs(v - SEED_THRESHOLD) > 0.1 for v in be.values())
+    return _row(
+        "speedup depends on acceptance",
+        "; ".join(f"{run.task}, {label}: α {run.alpha(label):.2f} → {run.speedup(label):.2f}x"
+                  for run, label in points)
+        + ". Break-even α on chat (measured c, r): " + ", ".join(f"{v:.2f} for {p}" for p, v in be.items()),
+        follows, caveat=spread,
+        caveat_note="the α where it stops paying depends on the proposer's cost c and on K (break-even "
+                    + " and ".join(f"{v:.2f}" for v in be.values()) + " here), not a fixed 70%",
+        wrong_note="a higher α did not give a higher speedup for every proposer in this run")
+
+
+def _batch(batch: BatchRun) -> Takeaway:
+    falls = all(batch.falls(p) for p in PROPOSERS)
+    monotonic = all(batch.monotonic(p) for p in PROPOSERS)
+    return _row(
+        "batch size works against it",
+        "; ".join(f"{p}: " + " → ".join(f"{s:.2f}x" for s in batch.speedups(p)) for p in PROPOSERS)
+        + f" at batch {' / '.join(map(str, batch.batches))} ({batch.task}, {batch.max_tokens} tokens each, "
+          f"K={batch.k})",
+        falls, caveat=not monotonic,
+        caveat_note="not monotonic across the batch sizes in this short run",
+        wrong_note="the speedup at the largest batch was not below batch 1's for every proposer")
+
+
+def _trees(trees: TreeComparison, chat: AcceptanceRun) -> Takeaway:
+    best = trees.best_tree
+    return _row(
+        "tree drafts, Medusa and EAGLE raise the yield",
+        f"{trees.sentence()}. The EAGLE-style head (trained on a lent H100, datasets/drafts/README.md) reaches α "
+        f"{chat.alpha(HEAD):.2f} on open chat as a chain",
+        # Holds when the best tree yields more tokens per pass than the chain at the same positions per pass;
+        # caveat when that tree is not also faster end to end (drafting a tree costs more on this CPU).
+        trees.trees_raise_yield, caveat=not trees.faster_too,
+        caveat_note=f"{best} yields {trees.gain():.2f}x the chain's tokens per pass but is not faster than the chain "
+                    "here (drafting and verifying the tree cost more)",
+        wrong_note="no tree yielded more tokens per pass than the chain in this run")
+
+
+def _monitor(grounded: AcceptanceRun, chat: AcceptanceRun, sampling: SamplingCheck) -> Takeaway:
+    g, c = grounded.row(LOOKUP), chat.row(LOOKUP)
+    goes = (g["alpha"] > c["alpha"]) and (g["speedup"] > c["speedup"])
+    understated = abs(float(g["alpha"]) - float(g["accepted_per_drafted"])) > 0.05
+    return _row(
+        "monitor the acceptance rate: when it drops, the gain goes",
+        f"the same prompt lookup: α {g['alpha']:.2f} on grounded tasks → {g['speedup']:.2f}x, α {c['alpha']:.2f} on "
+        f"chat → {c['speedup']:.2f}x; vLLM's counters give accepted ÷ draft tokens, {g['accepted_per_drafted']:.2f} "
+        f"on grounded tasks; sampled output still follows the target (χ² p = {sampling.p_value:.2f})",
+        goes and sampling.passed, caveat=understated,
+        caveat_note="vLLM (V1) exports counters, and the rate they give (accepted ÷ draft tokens) is not α: watch "
+                    "the same ratio over time (section 10)",
+        wrong_note="lower α did not come with a lower speedup here" if sampling.passed
+        else "the sampled output did not follow the target's distribution")
+
+
+def closing_table(curve: ForwardCurve, grounded: AcceptanceRun, chat: AcceptanceRun, batch: BatchRun,
+                  sampling: SamplingCheck, trees: TreeComparison) -> ClosingTable:
+    """The seed's five takeaways, what this chapter measured for each, and a computed verdict."""
+    if grounded.task != "grounded" or chat.task != "open chat":
+        raise ValueError(f"pass the grounded run, then the open-chat run (got {grounded.task!r}, {chat.task!r})")
+    return ClosingTable([_amortize(curve, grounded), _acceptance(grounded, chat), _batch(batch),
+                         _trees(trees, chat), _monitor(grounded, chat, sampling)])
