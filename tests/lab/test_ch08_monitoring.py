@@ -46,9 +46,10 @@ def test_server_dashboard_latency_grafana_and_stop(tokenizer):
         assert "alert" in dash.status.value and run.alert.table["baseline"].notna().any()
         assert len(dash.stored_outputs(png=False)) == 3
         latency = ch08.token_latency(run)
-        # one TPOT per request with >= 2 tokens, one ITL per gap; no speculation: one token per chunk
+        # one TPOT per request with >= 2 tokens, one ITL per gap; no speculation: at most one token per chunk
+        # (a chunk may hold two when the detokenizer waits for a whole character of the random model's bytes)
         assert len(latency.tpot_ms) == 68 and len(latency.itl_ms) > len(latency.tpot_ms)
-        assert latency.chunks_per_token == pytest.approx(1.0)
+        assert 0.9 < latency.chunks_per_token <= 1.0
         # a per-request average cannot exceed the request's largest gap: TPOT's max <= ITL's max
         assert latency.tpot_ms.max() <= latency.itl_ms.max() + 1e-6
         assert list(latency.stats().index) == ["TPOT (per request)", "ITL (per gap)"]
