@@ -20,9 +20,8 @@ MEASURED_YIELD, EXPECTED_YIELD, SPEEDUP = ("tokens per pass, measured", "tokens 
 class TreeLab(LabPanel):
     """Chain vs static tree vs dynamic tree of ``budget`` nodes on held-out chat prompts, greedy, batch 1."""
 
-    def __init__(self, model, tokenizer, draft, *, budget: int = 4, num_prompts: int = 2, max_tokens: int = 16,
-                 method: str = "draft"):
-        self.model, self.tokenizer, self.draft, self.method = model, tokenizer, draft, method
+    def __init__(self, model, tokenizer, draft, *, budget: int = 4, num_prompts: int = 2, max_tokens: int = 16):
+        self.model, self.tokenizer, self.draft = model, tokenizer, draft
         self.budget = widgets.Dropdown(options=[4, 8], value=budget, description="nodes")
         self.num_prompts, self.max_tokens = num_prompts, max_tokens
         fig = go.Figure()
@@ -38,8 +37,7 @@ class TreeLab(LabPanel):
 
     def measure(self) -> TreeComparison:
         return compare_trees(self.model, self.tokenizer, self.draft, budget=self.budget.value,
-                             num_prompts=self.num_prompts, max_tokens=self.max_tokens, method=self.method,
-                             progress=self.progress)
+                             num_prompts=self.num_prompts, max_tokens=self.max_tokens, progress=self.progress)
 
     def draw(self) -> None:
         result = self.result

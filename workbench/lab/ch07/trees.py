@@ -83,14 +83,14 @@ def engine_factory(model, tokenizer, draft):
 
 
 def compare_trees(model, tokenizer, draft, *, budget: int = 4, num_prompts: int = 2, max_tokens: int = 16,
-                  method: str = "draft", progress=None) -> TreeComparison:
+                  progress=None) -> TreeComparison:
     """Plain decoding, a chain of ``budget`` drafts, a static and a dynamic tree of ``budget`` nodes on the first
-    ``num_prompts`` held-out chat prompts (never used to train the draft), greedy, batch 1; ``method`` 'draft'
-    (the trained head, ``draft``) or 'ngram' (prompt lookup, ``draft`` unused)."""
+    ``num_prompts`` held-out chat prompts (never used to train the draft), greedy, batch 1, all drafted by
+    ``draft`` (a static tree needs a draft model: prompt lookup proposes only the continuations it finds)."""
     if progress is not None:
         progress(0, 1, f"plain, chain and two trees of {budget} nodes")
     prompts = load_prompts("draft_heldout")[:num_prompts]
-    frame = compare_layouts(engine_factory(model, tokenizer, draft), prompts, layouts_at_budget(budget, method),
+    frame = compare_layouts(engine_factory(model, tokenizer, draft), prompts, layouts_at_budget(budget),
                             max_tokens=max_tokens)
     if progress is not None:
         progress.finish(f"{len(frame) - 1} layouts")
