@@ -66,7 +66,7 @@ CASES = [
      ["KV blocks", f"the whole cache has {POOL_BLOCKS}"], None),
     ("unsupported penalty", COMPLETIONS, _completion(presence_penalty=0.5), 400, ["presence_penalty"],
      "presence_penalty"),
-    ("logprobs", COMPLETIONS, _completion(logprobs=2), 400, ["logprobs are not supported"], "logprobs"),
+    ("logprobs", COMPLETIONS, _completion(logprobs=2), 400, ["logprobs=2", "not supported"], "logprobs"),
     ("unknown model", COMPLETIONS, _completion(model="gpt-9"), 404, ["'gpt-9' does not exist", MODEL], "model"),
     ("malformed JSON", COMPLETIONS, b'{"prompt": "hi", ', 400, ["not valid JSON"], None),
     ("JSON that is not an object", COMPLETIONS, b"[1, 2]", 400, ["body"], None),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.metadata import version as package_version
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
@@ -28,7 +29,7 @@ from workbench.serve.errors import APIError, error_response, install_error_handl
 from workbench.serve.generation import Generator
 from workbench.serve.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, check_api_key
 from workbench.serve.metrics import ServingMetrics
-from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
+from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 
 
 def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: str | None = None,
@@ -40,7 +41,10 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
     if not model_name:
         raise ValueError("model_name must be a non-empty string")
     max_context = engine.model.spec.max_context
-    loop = EngineLoop(engine, ServingMetrics(model_name, max_context), retain_finished=retain_finished)
+    cache = engine.cache_config
+    cache_info = {"block_size": cache.block_size, "num_gpu_blocks": engine.blocks.num_blocks,
+                  "cache_dtype": cache.kv_cache_dtype, "enable_prefix_caching": cache.enable_prefix_caching}
+    loop = EngineLoop(engine, ServingMetrics(model_name, max_context, cache_info), retain_finished=retain_finished)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -81,6 +85,10 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
     return app
 
 
+def workbench_version() -> str:
+    return package_version("kv-workbench")
+
+
 def _add_service_routes(app: FastAPI, loop: EngineLoop, generator: Generator) -> None:
     @app.get("/health")
     async def health() -> Response:
@@ -100,3 +108,13 @@ def _add_service_routes(app: FastAPI, loop: EngineLoop, generator: Generator) ->
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         tokens = await generator.tokenize(body)
         return JSONResponse({"count": len(tokens), "max_model_len": generator.max_context, "tokens": tokens})
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        generator.check_model(body.model)
+        return JSONResponse({"prompt": await generator.detokenize(body.tokens)})
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        """vLLM answers with its own version; this server with the workbench's (clients only log it)."""
+        return JSONResponse({"version": workbench_version()})

@@ -53,6 +53,8 @@ class EngineLoop:
         self._stopping = threading.Event()
         self._draining = False  # shutting down: running requests may finish, new ones are refused
         self._finished_seen = 0  # engine.metrics.finished[:this] are exported
+        self._times_seen: dict[int, int] = {}  # seq_id -> its token times already observed (TTFT, ITL)
+        self._failed: set[str] = set()  # requests ended by an engine error (finished_reason "error")
         self._steps_seen = 0
         prefix = engine.blocks.stats
         self._prefix_seen = (prefix.queried_tokens, prefix.hit_tokens)
@@ -153,9 +155,11 @@ class EngineLoop:
         except Exception as exc:
             log.exception("engine step failed; failing the requests in flight")
             for request_id in list(self._active):
+                self._failed.add(request_id)
                 self._abort(request_id, "abort", error=f"engine error: {type(exc).__name__}: {exc}")
             return
         cached = self._export_finished()
+        self._export_progress()
         self._export_steps()
         self._dispatch(outputs, cached)
         if not outputs:
@@ -211,10 +215,20 @@ class EngineLoop:
             self._finished_seen = self._steps_seen = 0
         cached: dict[str, int] = {}
         for seq in finished[self._finished_seen:]:
-            self.metrics.record_finished(seq)
+            self.metrics.record_progress(seq, self._times_seen.pop(seq.seq_id, 0))
+            self.metrics.record_finished(seq, error=seq.request_id in self._failed)
+            self._failed.discard(seq.request_id)
             cached.setdefault(seq.request_id, seq.num_cached_prompt_tokens)
         self._finished_seen = len(finished)
         return cached
+
+    def _export_progress(self) -> None:
+        """TTFT and ITL of the sequences still running, observed as their tokens are produced."""
+        for request in self.engine.requests.values():
+            for seq in request.seqs:
+                if not seq.is_finished:
+                    self._times_seen[seq.seq_id] = self.metrics.record_progress(seq,
+                                                                                self._times_seen.get(seq.seq_id, 0))
 
     def _export_steps(self) -> None:
         steps = self.engine.metrics.steps

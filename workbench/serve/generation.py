@@ -60,6 +60,16 @@ class Generator:
         return await _mapped(self.loop.run(lambda engine: tokenize(
             engine.tokenizer, prompt, add_generation_prompt=body.add_generation_prompt)))
 
+    async def detokenize(self, tokens: list[int]) -> str:
+        def decode(engine: LLMEngine) -> str:
+            vocab = engine.model.spec.vocab_size
+            bad = [t for t in tokens if not 0 <= t < vocab]
+            if bad:
+                raise APIError(400, f"token ids must be in [0, {vocab}), got {bad[:5]}", param="tokens")
+            return engine.tokenizer.decode(tokens)
+
+        return await _mapped(self.loop.run(decode))
+
     async def respond(self, body: CompletionRequest | ChatCompletionRequest, request: Request, *,
                       chat: bool) -> Response:
         self.check_model(body.model)
@@ -86,8 +96,6 @@ class Generator:
             self.loop.abort(stream.request_id)
 
     async def _events(self, stream: RequestStream, responder: Responder) -> AsyncIterator[str]:
-        for line in responder.opening_events():
-            yield line
         async for event in stream:
             for line in responder.events(event):
                 yield line

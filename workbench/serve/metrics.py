@@ -1,18 +1,34 @@
 """Prometheus metrics under vLLM's V1 names, so dashboards and alerts written for vLLM read this server.
 
-Names, types, labels (``model_name``) and histogram buckets follow vLLM's ``PrometheusStatLogger``: counters
-appear as ``vllm:<name>_total`` in the text exposition, token counts are in tokens, times in seconds,
-``kv_cache_usage_perc`` is a fraction (1 = full). Each server owns its ``CollectorRegistry``, so several
+Names, types, labels (``model_name`` and ``engine``, the engine's index: always "0" here, one engine per
+server) and histogram buckets follow vLLM's V1 ``PrometheusStatLogger`` (checked against vLLM 0.11's
+``vllm/v1/metrics/loggers.py``): counters appear as ``vllm:<name>_total`` in the text exposition, token counts
+are in tokens, times in seconds, ``kv_cache_usage_perc`` is a fraction (1 = full). Each server owns its
+``CollectorRegistry`` (with the process and platform collectors vLLM's default registry carries), so several
 servers (or test fixtures) in one process never share or clash over series.
 
-Only the engine thread writes here (after each step, from the engine's own records: step records, finished
-sequences, the block manager's prefix-cache counters), so the numbers agree with the engine's pandas frames;
-prometheus-client's metric objects are thread-safe for the scrape that reads them.
+Timing as vLLM observes it: the time to first token and the inter-token latency are observed **per engine
+step, as tokens are produced** (``record_progress``), so a live dashboard does not lag by a whole request, and
+a speculative step that emits several tokens gives one inter-token sample, not one per token (zeros); the
+time per output token is observed for every finished request (0 for a one-token request, as vLLM does).
+
+Only the engine thread writes here (after each step, from the engine's own records: sequences' token times,
+step records, finished sequences, the block manager's prefix-cache counters), so the numbers agree with the
+engine's pandas frames; prometheus-client's metric objects are thread-safe for the scrape that reads them.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
 
 from workbench.engine.sequence import Sequence
 from workbench.metrics.recorder import StepRecord
@@ -25,7 +41,12 @@ TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                            240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's finish reasons (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS); "error" is an engine failure.
+FINISH_REASONS = ("stop", "length", "abort", "error")
+ENGINE_INDEX = "0"
+# vLLM's reasons a request waits: no room in the KV pool or the step's budget ("capacity"), or held back by the
+# scheduler's policy ("deferred"). This engine's scheduler only ever waits for capacity.
+WAITING_REASONS = ("capacity", "deferred")
 
 
 def one_two_five_buckets(max_value: int) -> list[int]:
@@ -42,20 +63,33 @@ def one_two_five_buckets(max_value: int) -> list[int]:
 class ServingMetrics:
     """The server's Prometheus series for one served model."""
 
-    def __init__(self, model_name: str, max_model_len: int):
+    def __init__(self, model_name: str, max_model_len: int, cache_config: dict[str, object] | None = None):
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        self.registry.register(PLATFORM_COLLECTOR)
         self.model_name = model_name
         self._build_scheduler_series()
         self._build_request_series(max_model_len)
         self._build_spec_series()
+        if cache_config is not None:
+            info = Info("vllm:cache_config", "Information of the engine's cache configuration.",
+                        registry=self.registry)
+            info.info({key: str(value) for key, value in cache_config.items()})
 
     # ---------------------------------------------------------------------------------------- definitions
     def _labelled(self, kind, name: str, doc: str, **kwargs):
-        return kind(name, doc, ["model_name"], registry=self.registry, **kwargs).labels(self.model_name)
+        return kind(name, doc, ["model_name", "engine"], registry=self.registry, **kwargs).labels(self.model_name,
+                                                                                                  ENGINE_INDEX)
+
+    def _by(self, kind, name: str, doc: str, label: str, values: tuple[str, ...], **kwargs) -> dict:
+        metric = kind(name, doc, ["model_name", "engine", label], registry=self.registry, **kwargs)
+        return {value: metric.labels(self.model_name, ENGINE_INDEX, value) for value in values}
 
     def _build_scheduler_series(self) -> None:
         self.running = self._labelled(Gauge, "vllm:num_requests_running", "Requests in the running batch.")
         self.waiting = self._labelled(Gauge, "vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.waiting_by_reason = self._by(Gauge, "vllm:num_requests_waiting_by_reason", "Waiting requests, by why.",
+                                          "reason", WAITING_REASONS)
         self.kv_usage = self._labelled(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent.")
         self.prefix_queries = self._labelled(Counter, "vllm:prefix_cache_queries",
                                              "Prefix cache queries, in prompt tokens looked up.")
@@ -68,15 +102,24 @@ class ServingMetrics:
     def _build_request_series(self, max_model_len: int) -> None:
         self.prompt_tokens = self._labelled(Counter, "vllm:prompt_tokens", "Prompt tokens of requests prefilled.")
         self.generation_tokens = self._labelled(Counter, "vllm:generation_tokens", "Tokens generated.")
-        success = Counter("vllm:request_success", "Finished requests, by finish reason.",
-                          ["model_name", "finished_reason"], registry=self.registry)
-        self.success = {reason: success.labels(self.model_name, reason) for reason in FINISH_REASONS}
+        self.cached_prompt_tokens = self._labelled(Counter, "vllm:prompt_tokens_cached",
+                                                   "Prompt tokens whose KV came from the prefix cache.")
+        self.success = self._by(Counter, "vllm:request_success", "Finished requests, by finish reason.",
+                                "finished_reason", FINISH_REASONS)
         token_buckets = one_two_five_buckets(max_model_len)
         self.request_prompt_tokens = self._labelled(Histogram, "vllm:request_prompt_tokens",
                                                     "Prompt tokens per finished request.", buckets=token_buckets)
         self.request_generation_tokens = self._labelled(Histogram, "vllm:request_generation_tokens",
                                                         "Generated tokens per finished request.",
                                                         buckets=token_buckets)
+        self.max_generation_tokens = self._labelled(Histogram, "vllm:request_max_num_generation_tokens",
+                                                    "The most tokens a finished request generated in one choice.",
+                                                    buckets=token_buckets)
+        self.params_n = self._labelled(Histogram, "vllm:request_params_n", "The n parameter of finished requests.",
+                                       buckets=(1, 2, 5, 10, 20))
+        self.params_max_tokens = self._labelled(Histogram, "vllm:request_params_max_tokens",
+                                                "The max_tokens parameter of finished requests.",
+                                                buckets=token_buckets)
         self.ttft = self._labelled(Histogram, "vllm:time_to_first_token_seconds", "Time to first token.",
                                    buckets=TTFT_BUCKETS)
         self.itl = self._labelled(Histogram, "vllm:inter_token_latency_seconds",
@@ -88,6 +131,12 @@ class ServingMetrics:
                                   buckets=REQUEST_LATENCY_BUCKETS)
         self.queue_time = self._labelled(Histogram, "vllm:request_queue_time_seconds",
                                          "Arrival to first scheduled.", buckets=REQUEST_LATENCY_BUCKETS)
+        self.inference_time = self._labelled(Histogram, "vllm:request_inference_time_seconds",
+                                             "First scheduled to finish.", buckets=REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = self._labelled(Histogram, "vllm:request_prefill_time_seconds",
+                                           "First scheduled to first token.", buckets=REQUEST_LATENCY_BUCKETS)
+        self.decode_time = self._labelled(Histogram, "vllm:request_decode_time_seconds",
+                                          "First token to last token.", buckets=REQUEST_LATENCY_BUCKETS)
 
     def _build_spec_series(self) -> None:
         self.spec_drafts = self._labelled(Counter, "vllm:spec_decode_num_drafts", "Speculative verification passes.")
@@ -95,7 +144,7 @@ class ServingMetrics:
         self.spec_accepted = self._labelled(Counter, "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.")
         self._accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
                                          "Draft tokens accepted, by draft position (0 = first).",
-                                         ["model_name", "position"], registry=self.registry)
+                                         ["model_name", "engine", "position"], registry=self.registry)
 
     # ------------------------------------------------------------------------------------------- updates
     def record_step(self, step: StepRecord) -> None:
@@ -107,6 +156,7 @@ class ServingMetrics:
         """Gauges now, and the prefix-cache counters' growth since the last call."""
         self.running.set(running)
         self.waiting.set(waiting)
+        self.waiting_by_reason["capacity"].set(waiting)
         self.kv_usage.set(kv_usage)
         self.prefix_queries.inc(prefix_queries)
         self.prefix_hits.inc(prefix_hits)
@@ -115,30 +165,49 @@ class ServingMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
 
-    def record_finished(self, seq: Sequence) -> None:
-        """Per-request histograms from one finished sequence's timeline (the recorder's own fields)."""
-        reason = seq.finish_reason.value if seq.finish_reason else "abort"
+    def record_progress(self, seq: Sequence, times_seen: int) -> int:
+        """Observe what one sequence produced since ``times_seen`` of its token times were observed: its time to
+        first token when the first arrives, one inter-token latency per step that produced tokens after that
+        (several tokens from one speculative step are one sample, as in vLLM). Returns the new count."""
+        times = seq.token_times
+        if len(times) <= times_seen:
+            return times_seen
+        if times_seen == 0:
+            self.ttft.observe(times[0] - seq.arrival_time)
+        else:
+            self.itl.observe(times[-1] - times[times_seen - 1])
+        return len(times)
+
+    def record_finished(self, seq: Sequence, *, error: bool = False) -> None:
+        """Per-request histograms from one finished sequence's timeline (the recorder's own fields); its TTFT
+        and ITL samples were observed by ``record_progress`` as its tokens came."""
+        reason = "error" if error else seq.finish_reason.value if seq.finish_reason else "abort"
         self.success[reason].inc()
         self.request_prompt_tokens.observe(len(seq.prompt_ids))
         self.request_generation_tokens.observe(len(seq.output_ids))
+        self.max_generation_tokens.observe(len(seq.output_ids))
+        self.params_n.observe(seq.params.n)
+        self.params_max_tokens.observe(seq.params.max_tokens)
+        self.cached_prompt_tokens.inc(seq.num_cached_prompt_tokens)
+        times, scheduled = seq.token_times, seq.first_scheduled_time
         if seq.finish_time is not None:
             self.e2e.observe(seq.finish_time - seq.arrival_time)
-        if seq.first_scheduled_time is not None:
-            self.queue_time.observe(seq.first_scheduled_time - seq.arrival_time)
-        times = seq.token_times
+            if scheduled is not None:
+                self.inference_time.observe(seq.finish_time - scheduled)
+        if scheduled is not None:
+            self.queue_time.observe(scheduled - seq.arrival_time)
+            if times:
+                self.prefill_time.observe(times[0] - scheduled)
         if times:
-            self.ttft.observe(times[0] - seq.arrival_time)
-        for earlier, later in zip(times, times[1:], strict=False):
-            self.itl.observe(later - earlier)
-        if len(times) > 1:
-            self.tpot.observe((times[-1] - times[0]) / (len(times) - 1))
+            self.decode_time.observe(times[-1] - times[0])
+            self.tpot.observe((times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0)
         spec = seq.spec
         if spec.passes:
             self.spec_drafts.inc(spec.passes)
             self.spec_draft_tokens.inc(spec.drafted)
             self.spec_accepted.inc(spec.accepted)
             for position, accepted in enumerate(spec.accepted_at):
-                self._accepted_per_pos.labels(self.model_name, str(position)).inc(accepted)
+                self._accepted_per_pos.labels(self.model_name, ENGINE_INDEX, str(position)).inc(accepted)
 
     def exposition(self) -> bytes:
         """The Prometheus text format (version 0.0.4) of every series."""

@@ -25,6 +25,7 @@ class Responder:
         self.request_id, self.model, self.chat, self.n = request_id, model, chat, n
         self.include_usage = include_usage
         self.created = int(time.time())
+        self._opened = False  # the role chunks have been sent
 
     def _envelope(self, object_: str, choices: list[dict]) -> dict:
         return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
@@ -38,9 +39,12 @@ class Responder:
         return chunk
 
     def opening_events(self) -> list[str]:
-        """Chat streams start by naming the assistant role, one chunk per choice."""
-        if not self.chat:
+        """Chat streams name the assistant role once per choice, in a chunk of its own sent together with the
+        request's first engine output (its first token), as vLLM does: a client that times the first chunk
+        (vLLM's ``bench serve`` does) then measures the time to the first token, not to admission."""
+        if not self.chat or self._opened:
             return []
+        self._opened = True
         return [sse(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                   "finish_reason": None}])) for i in range(self.n)]
 
@@ -53,8 +57,9 @@ class Responder:
         return body
 
     def events(self, event: StreamEvent) -> list[str]:
-        """SSE lines for one engine event (the usage chunk and [DONE] come with the last one)."""
-        out = [sse(self._chunk([self._stream_choice(delta)])) for delta in event.choices]
+        """SSE lines for one engine event (the role chunks come with the first, the usage chunk and [DONE] with
+        the last one)."""
+        out = self.opening_events() + [sse(self._chunk([self._stream_choice(delta)])) for delta in event.choices]
         if event.error is not None:
             out.append(sse(error_body(event.error, SERVER_ERROR, code=500)))
         if event.usage is not None and self.include_usage:

@@ -1,32 +1,84 @@
 """The request bodies the server accepts: OpenAI's completions and chat completions, plus vLLM's extensions.
 
-Models are strict (a string where a number belongs is a 400, not silently converted) and ignore fields they
-do not know, as OpenAI's and vLLM's servers do, so newer clients that send extra options still work. Ranges
-here are the API's own (OpenAI: temperature in [0, 2], top_p in (0, 1]); the engine's ``SamplingParams``
-checks its own limits again when the request reaches it. Options the engine cannot honour (penalties, logit
-bias, logprobs) are refused with a 400 rather than ignored, so a client never gets an answer it did not ask
-for.
+Models are strict (a string where a number belongs is a 400, not silently converted) and ignore fields that
+neither OpenAI's nor vLLM's API knows, as their servers do, so newer clients that send extra options still
+work. ``null`` stands for "the default" in every optional field, as in vLLM. Ranges here are the API's own
+(OpenAI: temperature in [0, 2], top_p in (0, 1]); the engine's ``SamplingParams`` checks its own limits again
+when the request reaches it.
+
+Nothing is dropped silently: every field of vLLM's request schemas (0.11) that the engine does not honour
+(``VLLM_FIELDS_REFUSED``: penalties, logit bias, logprobs, tools, structured output, beam search, ...) is
+refused with a 400 naming it when it asks for anything but the neutral value, so a client never gets an
+answer it did not ask for.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # OpenAI accepts at most four stop sequences.
 MAX_STOP_SEQUENCES = 4
 
 
+# vLLM's request fields the engine does not honour, each with the values that ask for nothing (sent by clients
+# that fill in every field); any other value is refused with a 400 that names the field.
+_OFF = (None, False, 0, 0.0, "", [], {})
+VLLM_FIELDS_REFUSED: dict[str, tuple] = {
+    "presence_penalty": _OFF, "frequency_penalty": _OFF, "repetition_penalty": (None, 1, 1.0),
+    "logit_bias": _OFF, "logprobs": (None, False), "top_logprobs": _OFF, "prompt_logprobs": _OFF,
+    "min_p": _OFF, "min_tokens": _OFF, "length_penalty": (None, 1, 1.0), "use_beam_search": _OFF,
+    "include_stop_str_in_output": _OFF, "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True), "truncate_prompt_tokens": _OFF, "allowed_token_ids": _OFF,
+    "bad_words": _OFF, "tools": _OFF, "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
+    "functions": _OFF, "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}), "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
+    "guided_grammar": _OFF, "guided_decoding_backend": _OFF, "guided_whitespace_pattern": _OFF,
+    "structural_tag": _OFF, "structured_outputs": _OFF, "reasoning_effort": _OFF, "include_reasoning": (None, True),
+    "echo": _OFF, "suffix": _OFF, "continue_final_message": _OFF, "documents": _OFF, "chat_template": _OFF,
+    "chat_template_kwargs": _OFF, "mm_processor_kwargs": _OFF, "add_special_tokens": _OFF, "priority": _OFF,
+    "logits_processors": _OFF, "return_tokens_as_token_ids": _OFF, "return_token_ids": _OFF, "cache_salt": _OFF,
+    "kv_transfer_params": _OFF, "vllm_xargs": _OFF, "audio": _OFF, "modalities": (None, ["text"]),
+    "prediction": _OFF, "service_tier": (None, "auto", "default"),
+}
+
+
+def _asks_for_nothing(field: str, value: object) -> bool:
+    return any(value == neutral and type(value) is type(neutral) for neutral in VLLM_FIELDS_REFUSED[field])
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: object) -> object:
+        """``"field": null`` is the field's default, as in vLLM (where every optional field defaults to None)."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
+        return data
+
+    def refused_vllm_field(self) -> tuple[str, str] | None:
+        """(field, reason) for the first vLLM request field set to something this engine does not do."""
+        sent = {**(self.model_extra or {}), **{name: getattr(self, name) for name in self.model_fields_set}}
+        for name, value in sent.items():
+            if name in VLLM_FIELDS_REFUSED and not _asks_for_nothing(name, value):
+                return name, f"{name}={value!r} is not supported by this engine (it would be ignored, so it is refused)"
+        return None
+
+
+class _Request(_Strict):
+    """A generation request: keeps the fields it does not declare, so that vLLM's can be refused by name."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
 
 
 class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class SamplingFields(_Strict):
+class SamplingFields(_Request):
     """What completions and chat completions share."""
 
     model: str | None = None
@@ -47,14 +99,9 @@ class SamplingFields(_Strict):
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, reason) for the first option the engine cannot honour, else None."""
-        if self.presence_penalty or self.frequency_penalty:
-            name = "presence_penalty" if self.presence_penalty else "frequency_penalty"
-            return name, f"{name} is not supported by this engine; leave it at 0"
-        if self.logit_bias:
-            return "logit_bias", "logit_bias is not supported by this engine"
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_SEQUENCES:
             return "stop", f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(self.stop)}"
-        return None
+        return self.refused_vllm_field()
 
     @property
     def include_usage(self) -> bool:
@@ -70,14 +117,8 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs is not None:
-            return "logprobs", "logprobs are not supported by this engine"
-        if self.echo:
-            return "echo", "echo is not supported by this engine"
         if self.best_of not in (None, 1, self.n):
             return "best_of", "best_of is not supported by this engine; use n"
-        if self.suffix:
-            return "suffix", "suffix is not supported by this engine"
         return super().unsupported()
 
 
@@ -106,11 +147,6 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
 
-    def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs or self.top_logprobs:
-            return "logprobs", "logprobs are not supported by this engine"
-        return super().unsupported()
-
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -123,6 +159,13 @@ class TokenizeRequest(_Strict):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's /detokenize: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]
 
 
 def allowed_range(field: str) -> str | None:

@@ -1,0 +1,117 @@
+"""Where this server behaves as vLLM's does (0.11): the chat stream's role arrives with the first token, vLLM's
+request fields are honoured or refused by name (never dropped), ``null`` means the default, ``/detokenize`` and
+``/version`` exist, and the metrics carry the ``engine`` label and vLLM's per-request series, with TTFT and ITL
+observed while a request is still running."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from serve_helpers import MODEL, make_engine, running_server
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+HELLO = [{"role": "user", "content": "Say hello"}]
+
+
+@pytest.fixture(scope="module")
+def server(real_model, tokenizer):
+    with running_server(make_engine(real_model, tokenizer)) as server:
+        yield server
+
+
+def _chat(server, **body) -> httpx.Response:
+    return httpx.post(f"{server.url}{CHAT}", json={"model": MODEL, "messages": HELLO, "max_tokens": 2,
+                                                   "temperature": 0, **body}, timeout=120)
+
+
+def test_the_role_arrives_with_the_first_token(server):
+    """The raw SSE transcript: nothing before the engine's first output, then the role chunk and the first token's
+    chunk back to back (vLLM's bench serve times the first chunk as the first token)."""
+    with httpx.stream("POST", f"{server.url}{CHAT}", json={"model": MODEL, "messages": HELLO, "max_tokens": 3,
+                                                            "temperature": 0, "stream": True}, timeout=120) as r:
+        arrivals = []
+        for line in r.iter_lines():
+            if line:
+                arrivals.append((time.perf_counter(), line))
+    lines = [line for _, line in arrivals]
+    assert lines[0].startswith("data: ") and '"role":"assistant"' in lines[0], lines[:3]
+    assert '"content":' in lines[1] and '"role"' not in lines[1], lines[:3]
+    assert lines[-1] == "data: [DONE]"
+    # The role and the first token leave the server together: well under the time a decode step takes here.
+    assert arrivals[1][0] - arrivals[0][0] < 0.05, [t - arrivals[0][0] for t, _ in arrivals]
+
+
+@pytest.mark.parametrize("field,value", [("min_p", 0.1), ("repetition_penalty", 1.2), ("frequency_penalty", 0.5),
+                                         ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                                         ("response_format", {"type": "json_object"}), ("use_beam_search", True),
+                                         ("guided_choice", ["a", "b"]), ("top_logprobs", 2)])
+def test_vllm_fields_the_engine_does_not_do_are_refused_by_name(server, field, value):
+    response = _chat(server, **{field: value})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == field and field in error["message"]
+
+
+def test_neutral_values_nulls_and_unknown_fields_are_served(server):
+    """What a client that fills in every field sends: neutral values of vLLM's fields, explicit nulls, and a
+    field neither OpenAI nor vLLM knows (ignored, as both do)."""
+    response = _chat(server, repetition_penalty=1.0, min_p=0.0, tools=[], skip_special_tokens=True, n=None,
+                     stream=None, temperature=None, logprobs=None, ignore_eos=None, stop=None, some_new_option=7)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_detokenize_and_version(server):
+    tokens = httpx.post(f"{server.url}/tokenize", json={"prompt": "Hello there"}).json()["tokens"]
+    assert httpx.post(f"{server.url}/detokenize", json={"tokens": tokens}).json() == {"prompt": "Hello there"}
+    bad = httpx.post(f"{server.url}/detokenize", json={"tokens": [10**9]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    version = httpx.get(f"{server.url}/version").json()["version"]
+    assert version and isinstance(version, str)
+
+
+def _series(text: str, name: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(name)]
+
+
+def test_metrics_carry_vllms_labels_and_per_request_series(server):
+    assert _chat(server, max_tokens=1).status_code == 200
+    assert _chat(server, max_tokens=4).status_code == 200
+    text = httpx.get(f"{server.url}/metrics").text
+    running = _series(text, "vllm:num_requests_running{")
+    assert running and 'engine="0"' in running[0] and f'model_name="{MODEL}"' in running[0]
+    for name in ("vllm:request_prefill_time_seconds_count", "vllm:request_decode_time_seconds_count",
+                 "vllm:request_inference_time_seconds_count", "vllm:request_max_num_generation_tokens_count",
+                 "vllm:request_params_max_tokens_count", "vllm:request_params_n_count"):
+        assert _series(text, name) and float(_series(text, name)[0].split()[-1]) >= 2, name
+    assert _series(text, "vllm:prompt_tokens_cached_total")
+    assert _series(text, 'vllm:num_requests_waiting_by_reason{')
+    assert any('finished_reason="error"' in line for line in _series(text, "vllm:request_success_total"))
+    assert _series(text, "vllm:cache_config_info{") and "block_size=" in _series(text, "vllm:cache_config_info{")[0]
+    assert _series(text, "process_cpu_seconds_total")
+    # TPOT is observed for every finished request, the one-token one included (as 0, as vLLM does).
+    tpot = float(_series(text, "vllm:request_time_per_output_token_seconds_count")[0].split()[-1])
+    e2e = float(_series(text, "vllm:e2e_request_latency_seconds_count")[0].split()[-1])
+    assert tpot == e2e >= 2
+
+
+def test_ttft_is_observed_while_the_request_is_still_running(server):
+    """A long request's TTFT sample appears in /metrics before it finishes (vLLM observes it per step)."""
+    def ttft_count() -> float:
+        lines = _series(httpx.get(f"{server.url}/metrics").text, "vllm:time_to_first_token_seconds_count")
+        return float(lines[0].split()[-1])
+
+    before = ttft_count()
+    with httpx.stream("POST", f"{server.url}{COMPLETIONS}", json={"model": MODEL, "prompt": "Once upon a time",
+                                                                   "max_tokens": 40, "ignore_eos": True,
+                                                                   "temperature": 0, "stream": True},
+                      timeout=120) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # the first token is out
+        during = ttft_count()
+        for _ in lines:
+            pass
+    assert during == before + 1
