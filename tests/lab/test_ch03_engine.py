@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from workbench.lab import ch03
-from workbench.lab.kit.closing import ClosingTable, Verdict
 from workbench.lab.ch03.panels_engine import TTFT_BAR
+from workbench.lab.kit.closing import ClosingTable, Verdict
 from workbench.lab.kit.figures import trace
 
 

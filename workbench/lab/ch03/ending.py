@@ -112,14 +112,15 @@ def _usage_fields(http: HttpUsage) -> Takeaway:
 def _system_only(multi: MultiTurnRun) -> Takeaway:
     moving, fixed = multi.moving_share, multi.fixed_share
     holds = fixed >= moving
-    cheaper = multi.costs[MULTI_TURN_VARIANTS[0]] < multi.costs[MULTI_TURN_VARIANTS[1]]
+    moving_usd, fixed_usd = (multi.costs[name] for name in MULTI_TURN_VARIANTS)
+    cheaper = moving_usd < fixed_usd
     return Takeaway(
         "Cache the system prompt, not the conversation history.",
         f"after turn 1, the breakpoint on the last message reads {moving:.0%} of each prompt, on the system prompt "
-        f"only {fixed:.0%}; the conversation costs ${multi.costs[MULTI_TURN_VARIANTS[0]]:.5f} vs ${multi.costs[MULTI_TURN_VARIANTS[1]]:.5f}",
+        f"only {fixed:.0%}; the conversation costs ${moving_usd:.5f} vs ${fixed_usd:.5f}",
         Verdict.judge(holds),
-        note="" if holds else ("the moving breakpoint reads the previous turns through the lookback and writes only "
-                               "the new turn: the growing history caches incrementally"
+        note="" if holds else ("the moving breakpoint reads the previous turns through the lookback and writes "
+                               "only the new turn: the growing history caches incrementally"
                                + (", and the conversation costs less" if cheaper else
                                   ", though here the conversation does not cost less")))
 
