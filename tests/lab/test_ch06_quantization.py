@@ -26,6 +26,16 @@ from workbench.quality import format_sweep as sweep_engine
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread_for_the_module_fixtures():
+    """The module's panels and sweep are measured once, in module fixtures, which run before the function-scoped
+    ``one_torch_thread``: one thread for them too (two threads spin on a loaded machine, tests/conftest.py)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def kv_lab(tiny_model, tokenizer):
     return ch06.KVFormatLab(tiny_model, tokenizer, heldout_tokens=256).run()
