@@ -33,3 +33,20 @@ def test_bad_options_end_with_a_one_line_error(capsys):
     assert "unknown workload 'no_such_workload'" in capsys.readouterr().err
     assert main(["bench", "--base-url", "http://127.0.0.1:9", "--concurrency", "0"]) == 2
     assert "concurrency must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_vllm_result_format_and_percentiles(capsys):
+    status = main(["bench", "--start-server", "--server-args=--num-blocks 64 --max-num-seqs 4",
+                   "--random", "4", "--input-tokens", "4:8", "--output-tokens", "3:5", "--concurrency", "2",
+                   "--percentiles", "50,99.9", "--result-format", "vllm", "--no-progress"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    final = json.loads(out.strip().splitlines()[-1])
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "std", "p50", "p99.9"):
+            assert final[f"{stat}_{metric}_ms"] is not None, (stat, metric)
+    assert final["completed"] == 4 and final["max_concurrent_requests"] == 2 and final["max_output_tokens_per_s"] >= 1
+    assert len(final["ttfts"]) == len(final["output_lens"]) == 4 and final["total_output_tokens"] == sum(
+        final["output_lens"])
+    assert main(["bench", "--base-url", "http://127.0.0.1:9", "--percentiles", "0,50"]) == 2
+    assert "percentiles must be in (0, 100)" in capsys.readouterr().err

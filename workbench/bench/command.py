@@ -4,8 +4,9 @@
         --slo ttft=500,tpot=50 --output rows.csv
     workbench bench --start-server --concurrency 8          # starts `workbench serve` itself, then stops it
 
-Prints the summary (counts, throughput, goodput, TTFT/TPOT/ITL/e2e mean, median, p90, p99) and ends with
-one JSON line holding the whole summary, as the benchmarks in ``benchmarks/`` do. Only argparse is imported
+Prints the summary (counts, throughput, goodput, TTFT/TPOT/ITL/e2e mean, median and ``--percentiles``) and ends
+with one JSON line holding the whole summary, as the benchmarks in ``benchmarks/`` do; ``--result-format vllm``
+writes that line in ``vllm bench serve``'s keys instead (``workbench.bench.vllm_format``). Only argparse is imported
 at module level, so ``workbench --help`` works without the HTTP packages.
 """
 
@@ -55,6 +56,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--slo", default=None, help="goodput objectives in ms, e.g. ttft=500,tpot=50")
     out.add_argument("--output", default=None, help="per-request rows to this .csv or .json")
+    out.add_argument("--percentiles", default="50,90,99",
+                     help="latency percentiles to report, e.g. 50,90,99,99.9 (vLLM's --metric-percentiles)")
+    out.add_argument("--result-format", choices=("workbench", "vllm"), default="workbench",
+                     help="the closing JSON line: this tool's summary, or vllm bench serve's result keys")
     out.add_argument("--no-progress", action="store_true")
 
 
@@ -74,12 +79,14 @@ def _workload(args: argparse.Namespace):
 
 def bench_from_args(args: argparse.Namespace) -> None:
     from workbench.bench.runner import run_benchmark
+    from workbench.bench.vllm_format import parse_percentiles
 
     if (args.base_url is None) == (not args.start_server):
         raise ValueError("give exactly one of --base-url URL and --start-server")
     workload = _workload(args)
-    options = dict(request_rate=args.request_rate, concurrency=args.concurrency, seed=args.seed,
-                   model=args.model, api_key=args.api_key, slo=args.slo, endpoint=args.endpoint,
+    percentiles = parse_percentiles(args.percentiles)
+    options = dict(percentiles=percentiles, request_rate=args.request_rate, concurrency=args.concurrency,
+                   seed=args.seed, model=args.model, api_key=args.api_key, slo=args.slo, endpoint=args.endpoint,
                    stream=not args.no_stream, progress=not args.no_progress, timeout_s=args.timeout)
     if args.start_server:
         from workbench.serve.launch import ServerProcess
@@ -94,10 +101,10 @@ def bench_from_args(args: argparse.Namespace) -> None:
             result = run_benchmark(server.url, workload, **options)
     else:
         result = run_benchmark(args.base_url, workload, **options)
-    _report(result, args.output)
+    _report(result, args.output, args.result_format)
 
 
-def _report(result, output: str | None) -> None:
+def _report(result, output: str | None, result_format: str = "workbench") -> None:
     s = result.summary
     print(f"target      {result.config['base_url']} ({result.config['model']}), {result.config['load']}")
     print(f"requests    {s['completed']} completed, {s['failed']} failed in {s['duration_s']:.2f} s")
@@ -112,7 +119,12 @@ def _report(result, output: str | None) -> None:
         print("errors:\n" + errors.head(5).to_string(), file=sys.stderr)
     if output:
         print(f"rows        {result.save(output)}")
-    print(json.dumps({"config": result.config, "summary": _finite(s)}))
+    if result_format == "vllm":
+        from workbench.bench.vllm_format import vllm_result
+
+        print(json.dumps(_finite(vllm_result(result, tuple(result.config["percentiles"])))))
+    else:
+        print(json.dumps({"config": result.config, "summary": _finite(s)}))
 
 
 def _finite(summary: dict) -> dict:

@@ -137,7 +137,8 @@ def run_benchmark(base_url: str, workload: list[WorkloadRequest], *, request_rat
         requests["meets_slo"] = meets_slo(requests, slo_ms)
     itl = pd.DataFrame([row for r in records for row in itl_rows(r)], columns=["index", "chunk", "itl_s"])
     config = {"base_url": base, "model": model, "load": shape.describe(), "num_requests": len(timed),
-              "stream": stream, "slo_ms": slo_ms}
+              "request_rate": "inf" if request_rate is None else request_rate, "concurrency": concurrency,
+              "stream": stream, "slo_ms": slo_ms, "percentiles": list(percentiles)}
     return ServingBenchResult(requests, itl, summarize(requests, itl, duration, slo_ms, percentiles), config)
 
 

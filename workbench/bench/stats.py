@@ -85,7 +85,7 @@ def _distribution(values: pd.Series, name: str, percentiles: tuple[int, ...]) ->
     data = values.dropna().to_numpy(dtype=float) * 1e3
     out = {f"{name}_mean_ms": float(data.mean()) if len(data) else math.nan}
     for p in percentiles:
-        label = "median" if p == 50 else f"p{p}"
+        label = "median" if p == 50 else f"p{p:g}"
         out[f"{name}_{label}_ms"] = float(np.percentile(data, p)) if len(data) else math.nan
     return out
 

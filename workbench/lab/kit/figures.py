@@ -1,7 +1,7 @@
 """Figure styling, and traces addressed by name.
 
 A trace's position in ``fig.data`` is an accident of the order the figure was built in; code that reads or
-updates ``fig.data[6]`` breaks silently when a trace is added above it. Every trace the lab updates or a test
+updates a trace by its index breaks silently when a trace is added above it. Every trace the lab updates or a test
 reads carries a unique ``name``, and is found by it.
 """
 
