@@ -57,6 +57,14 @@ class TokenLatency:
         return float(self.itl_ms.quantile(0.99))
 
     @property
+    def tpot_median(self) -> float:
+        return float(self.tpot_ms.median())
+
+    @property
+    def itl_median(self) -> float:
+        return float(self.itl_ms.median())
+
+    @property
     def tail_ratio(self) -> float:
         """p99 ITL over p99 TPOT: how much of the tail averaging per request hides."""
         return self.itl_p99 / self.tpot_p99

@@ -105,6 +105,6 @@ def latency_figure(latency: TokenLatency, subtitle: str) -> go.Figure:
                       f"{latency.itl_p99:.0f} ms", subtitle)
 
 
-def show_figure(fig: go.Figure) -> None:
-    """A figure with no controls, stored the way panels store theirs (plotly JSON, HTML, PNG)."""
-    display(figure_bundle(fig), raw=True)
+def show_latency(latency: TokenLatency, subtitle: str) -> None:
+    """``latency_figure``, with no controls, stored the way panels store theirs (plotly JSON, HTML, PNG)."""
+    display(figure_bundle(latency_figure(latency, subtitle)), raw=True)
