@@ -1,6 +1,6 @@
 """One benchmark run in the keys of ``vllm bench serve``'s result JSON, so one script reads both tools' results.
 
-vLLM (checked against 0.11's ``vllm/benchmarks/serve.py``) names each latency statistic ``<stat>_<metric>_ms``
+vLLM (0.10-0.11, ``vllm bench serve``) names each latency statistic ``<stat>_<metric>_ms``
 with metric ``ttft``, ``tpot``, ``itl`` or ``e2el`` and stat ``mean``, ``median``, ``std`` and ``p<N>`` for each
 requested percentile, and adds the peak output throughput (the most output tokens in any one second of the
 run, a streamed chunk counted as one token, as vLLM counts them) and the peak number of requests in flight.

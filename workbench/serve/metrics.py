@@ -1,7 +1,7 @@
 """Prometheus metrics under vLLM's V1 names, so dashboards and alerts written for vLLM read this server.
 
 Names, types, labels (``model_name`` and ``engine``, the engine's index: always "0" here, one engine per
-server) and histogram buckets follow vLLM's V1 ``PrometheusStatLogger`` (checked against vLLM 0.11's
+server) and histogram buckets follow vLLM's V1 ``PrometheusStatLogger`` (vLLM 0.10-0.11's
 ``vllm/v1/metrics/loggers.py``): counters appear as ``vllm:<name>_total`` in the text exposition, token counts
 are in tokens, times in seconds, ``kv_cache_usage_perc`` is a fraction (1 = full). Each server owns its
 ``CollectorRegistry`` (with the process and platform collectors vLLM's default registry carries), so several
