@@ -113,7 +113,8 @@ def closing_table(kv: KVFormats, weights: WeightFormats, sweep: FormatSweep, *, 
         Takeaway(
             "Weight and cache quantization are independent: layer them.",
             f"cached sweep: mean KL int8 weights {only_w.kl_mean:.2e}, int8 KV {only_kv.kl_mean:.2e}, both "
-            f"{both.kl_mean:.2e}; memory for one 2K sequence {_mib(both):.0f} MiB against {_mib(only_w):.0f} "
+            f"{both.kl_mean:.2e} (the two alone add to {only_w.kl_mean + only_kv.kl_mean:.2e}); memory for one 2K "
+            f"sequence {_mib(both):.0f} MiB against {_mib(only_w):.0f} "
             f"(int8 weights only), {_mib(only_kv):.0f} (int8 KV only) and {_mib(base):.0f} (neither)",
             v2 := Verdict.judge(bool(_mib(both) < min(_mib(only_w), _mib(only_kv))), caveat=not adds),
             note=_note(v2, caveat="the errors do not simply add: measure the combination",
