@@ -86,4 +86,6 @@ def test_closing_table_verdicts_are_computed(capacity, prefill):
     assert noisy.verdicts[2] is Verdict.WRONG
     flat = ch08.closing_table(replace(burst, panels=burst.panels.assign(ttft_p99_s=0.1)), steady, **args)
     assert flat.verdicts[0] is Verdict.WRONG
+    impossible = ch08.closing_table(burst, steady, **{**args, "itl_slo_ms": 1e-3})  # no batch meets the target
+    assert impossible.verdicts[4] is Verdict.NOT_MEASURABLE
     assert all(isinstance(v, Verdict) for v in table.verdicts) and "x the" in table.rows[4].measured

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 from workbench.lab.ch08.latency import PrefillCost, TokenLatency
@@ -84,8 +86,12 @@ def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenL
             f"from p99 lengths; the fit's {fit.costs.prefill_ms_per_token:.2f} ms per prefill token is "
             f"{ratio:.1f}x the {prefill.ms_per_token():.2f} ms measured on one unchunked {prefill.longest:,}-token "
             f"prefill ({prefill.ms_per_token(near):.2f} ms at {near:,} tokens)",
+            Verdict.NOT_MEASURABLE if math.isinf(mean_n) else
             Verdict.judge(tail_n >= mean_n, caveat=not 0.8 <= ratio <= 1.25),
-            note=f"the step-cost inputs matter as much as the statistic: the fit only sees prefill chunks of at "
-                 f"most {fit.largest_chunk} tokens mixed with decodes, and gives {ratio:.1f}x the per-token cost of "
-                 f"one long prompt measured directly; take the prefill cost at the lengths the deployment serves"),
+            note=(f"no batch size met ITL <= {itl_slo_ms:g} ms with these step costs, so neither plan has a replica "
+                  "count; a faster machine or a looser target would" if math.isinf(mean_n) else
+                  f"the step-cost inputs matter as much as the statistic: the fit only sees prefill chunks of at "
+                  f"most {fit.largest_chunk} tokens mixed with decodes, and gives {ratio:.1f}x the per-token cost "
+                  f"of one long prompt measured directly; take the prefill cost at the lengths the deployment "
+                  "serves")),
     ])
