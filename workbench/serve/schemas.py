@@ -6,10 +6,10 @@ work. ``null`` stands for "the default" in every optional field, as in vLLM. Ran
 (OpenAI: temperature in [0, 2], top_p in (0, 1]); the engine's ``SamplingParams`` checks its own limits again
 when the request reaches it.
 
-Nothing is dropped silently: every field of vLLM's request schemas (0.10-0.11, as recalled here) that the engine does not honour
-(``VLLM_FIELDS_REFUSED``: penalties, logit bias, logprobs, tools, structured output, beam search, ...) is
-refused with a 400 naming it when it asks for anything but the neutral value, so a client never gets an
-answer it did not ask for.
+Nothing is dropped silently: every field of vLLM's request schemas (0.10-0.11, as recalled here) that the
+engine does not honour (``VLLM_FIELDS_REFUSED``: penalties, logit bias, logprobs, tools, structured output,
+beam search, ...) is refused with a 400 naming it when it asks for anything but the neutral value, so a client
+never gets an answer it did not ask for.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class StreamingLab(LabPanel):
     def draw(self) -> None:
         run: StreamRun = self.result
         with self.figure.batch_update():
-            set_trace(self.figure, STREAMED_LINE, x=[0.0, *run.arrivals["seconds"]], y=[0, *run.arrivals["tokens_seen"]])
+            set_trace(self.figure, STREAMED_LINE, x=[0.0, *run.arrivals["seconds"]],
+                      y=[0, *run.arrivals["tokens_seen"]])
             end = max(run.buffered_total_s, run.streamed_total_s)
             set_trace(self.figure, BUFFERED_LINE, x=[0.0, run.buffered_total_s, end], y=[0, run.tokens, run.tokens])
         self.status.value = (

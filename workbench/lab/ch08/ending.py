@@ -67,7 +67,7 @@ def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenL
             note="needs a tracing backend (OpenTelemetry) beside the server; the notebook has none"),
         Takeaway(
             "Alert on rate of change, not only absolute thresholds.",
-            f"p99 TTFT > 2x its own baseline: "
+            "p99 TTFT > 2x its own baseline: "
             + (f"fired at {dashboard.alert.fired_at:.1f} s" if dashboard.alert.fired else "did not fire")
             + f" on the burst (burst at {dashboard.burst_t:.1f} s); "
             + ("quiet on steady load" if not steady.alert.fired else "also fired on steady load"),
