@@ -7,11 +7,13 @@ budget (LRU on the engine, LFU beside it in a simulator).
     fork.py              parallel sampling on the paged cache, block tables per step (ForkTrace)
     eviction.py          hit rate against the cache budget (EvictionSweep) and LRU vs LFU (PolicyComparison)
     policy_sim.py        the block-level LRU/LFU simulator of the engine's prefix cache
+    parallel.py          the KV cache across GPUs: per-GPU bytes against the TP degree, the seed's claims (TPSweep)
     block_view.py        the block pool replayed step by step (BlockView)
     panels.py            CacheVsNoCacheLab, PagedMemoryLab, PrefixCacheLab
     panels_capacity.py   KVShareLab, KVCapacityLab
     panels_fork.py       ParallelSamplingLab
     panels_eviction.py   EvictionLab, PolicyLab
+    panels_parallel.py   tp_figure (computed, no controls)
     ending.py            the exercises and the closing table
 """
 
@@ -27,6 +29,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "EvictionSweep": "eviction", "PolicyComparison": "eviction", "eviction_run": "eviction",
     "policy_comparison": "eviction", "eviction_prompts": "eviction", "access_order": "eviction",
     "simulate": "policy_sim", "policy_sweep": "policy_sim",
+    "TPSweep": "parallel", "tp_sweep": "parallel", "parallel_seed_checks": "parallel",
+    "tp_figure": "panels_parallel", "show_figure": "workbench.lab.kit.stored",
     "CacheVsNoCacheLab": "panels", "PagedMemoryLab": "panels", "PrefixCacheLab": "panels",
     "KVShareLab": "panels_capacity", "KVCapacityLab": "panels_capacity",
     "ParallelSamplingLab": "panels_fork",

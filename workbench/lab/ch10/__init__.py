@@ -16,6 +16,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "attention_paths": "runs",
     "cached_divergence": "runs", "cached_frame": "runs",
     "ProductsLab": "panels", "DivergenceLab": "panels", "ModeCostLab": "panels",
-    "cached_divergence_figure": "panels", "show_figure": "panels",
+    "cached_divergence_figure": "panels", "show_figure": "workbench.lab.kit.stored",
     "exercises": "ending", "closing_table": "ending",
 })

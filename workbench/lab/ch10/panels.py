@@ -6,13 +6,11 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
-from IPython.display import display
 
 from workbench.lab.ch10.runs import live_divergence, product_check, summary, throughput_cost
 from workbench.lab.kit.figures import style
 from workbench.lab.kit.notebook import measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.lab.kit.stored import figure_bundle
 
 MODE_NAMES = {False: "default", True: "batch-invariant"}
 COLORS = {False: "#d62728", True: "#2ca02c"}
@@ -151,8 +149,3 @@ def cached_divergence_figure(frame: pd.DataFrame, result: dict) -> go.Figure:
                       xaxis_title="KV format")
     return style(fig, "The same greedy prompt, 200 times among varying traffic",
                  f"{result['machine']}, {result['date']}, torch {result['versions']['torch']}")
-
-
-def show_figure(fig: go.Figure) -> None:
-    """A figure with no controls, stored the way panels store theirs (plotly JSON, HTML, PNG)."""
-    display(figure_bundle(fig), raw=True)

@@ -175,3 +175,10 @@ def _strip_tags(markup: str) -> str:
     import re
 
     return html.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def show_figure(fig: go.Figure) -> None:
+    """Display a figure that has no controls, stored the way panels store theirs (plotly JSON, HTML, PNG)."""
+    from IPython.display import display
+
+    display(figure_bundle(fig), raw=True)
