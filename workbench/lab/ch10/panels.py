@@ -147,5 +147,5 @@ def cached_divergence_figure(frame: pd.DataFrame, result: dict) -> go.Figure:
                     marker_color=COLORS[mode])
     fig.update_layout(barmode="group", yaxis_title=f"distinct completions of {int(frame['runs'].max())} runs",
                       xaxis_title="KV format")
-    return style(fig, "The same greedy prompt, 200 times among varying traffic",
+    return style(fig, f"The same greedy prompt, {int(frame['runs'].max())} times among varying traffic",
                  f"{result['machine']}, {result['date']}, torch {result['versions']['torch']}")
