@@ -66,6 +66,9 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if args.out.exists():  # keep what another invocation measured (the divergence or the cost)
             old = json.loads(args.out.read_text())
+            if not rows:  # a cost-only run: the divergence's settings and machine stay, the cost says its own
+                cost["machine"] = result["machine"]
+                result = {**old, "cost": cost}
             result["divergence"] = rows or old.get("divergence", [])
             result["cost"] = cost or old.get("cost")
         args.out.write_text(json.dumps(result, indent=1) + "\n")
