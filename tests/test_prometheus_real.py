@@ -1,27 +1,25 @@
 """A real Prometheus (Debian's package: ``.ci/run`` installs it with apt-get, as it does Chromium) scrapes a live
 ``workbench serve`` under load, and every expression of the project's Grafana dashboard returns data from it.
 
-Prometheus runs on a free local port with its own temporary storage and a one-second scrape interval, and is
-always stopped (its whole process group) when the test ends. The one expression that needs an hour of history
-(the p99 TTFT against its own 1-hour baseline, offset 5 minutes) is named and left out: a test cannot wait an
-hour.
+Prometheus runs as a `workbench.fleet` child process (its own process group, stopped with it, at exit too) on a
+free local port, with its own temporary storage and a one-second scrape interval. The one expression that needs
+an hour of history (the p99 TTFT against its own 1-hour baseline, offset 5 minutes) is named and left out: a test
+cannot wait an hour.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from monitoring_helpers import MODEL, tiny_engine, tiny_server
+
+from workbench.fleet.processes import ChildProcess, free_port
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "datasets" / "grafana" / "kv_workbench_serving.json"
 NEEDS_HISTORY = ("[1h] offset 5m",)
@@ -32,32 +30,21 @@ pytestmark = [pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus
               pytest.mark.usefixtures("one_torch_thread")]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_prometheus(target: str, folder: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+def _start_prometheus(target: str, folder: Path) -> tuple[ChildProcess, str]:
+    """Prometheus in its own process group (stopped with it, at exit too), on a free port, ready to query."""
+    url = f"http://127.0.0.1:{free_port()}"
     config = folder / "prometheus.yml"
     config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n"
                       f"  - job_name: workbench\n    static_configs:\n      - targets: ['{target}']\n")
-    process = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.DEVNULL, stderr=(folder / "prometheus.log").open("w"), start_new_session=True)
-    return process, f"http://127.0.0.1:{port}"
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=5)
+    process = ChildProcess("prometheus", [
+        PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",
+        f"--web.listen-address={url.removeprefix('http://')}", "--log.level=warn"]).start()
+    try:
+        process.wait_http(f"{url}/-/ready", time.monotonic() + 60)
+    except BaseException:
+        process.close()
+        raise
+    return process, url
 
 
 def _query(prometheus: str, expr: str) -> list[dict]:
@@ -99,7 +86,7 @@ def test_every_dashboard_expression_returns_data_from_a_real_prometheus(tmp_path
                 query = expr.replace("$__rate_interval", "10s").replace("$model_name", MODEL)
                 answered[expr] = _query(prometheus, query)
         finally:
-            _stop(prometheus_process)
+            prometheus_process.close()
     assert len(skipped) == 1, skipped
     empty = [expr for expr, result in answered.items() if not result]
     assert not empty, f"no data from Prometheus for: {empty}"
