@@ -36,13 +36,6 @@ class TPSweep:
         """The largest degree at which one more split still shrinks the per-GPU cache (the KV head count)."""
         return model_spec(model).num_kv_heads
 
-    def row(self, model: str, tp: int) -> pd.Series:
-        rows = self.frame[(self.frame["model"] == model) & (self.frame["tp"] == tp)]
-        if rows.empty:
-            raise KeyError(f"{model} at TP {tp} is not in the sweep (allowed: "
-                           f"{sorted(self.frame.loc[self.frame['model'] == model, 'tp'])})")
-        return rows.iloc[0]
-
 
 def tp_sweep(models: tuple[str, ...] = MODELS, *, max_degree: int = MAX_DEGREE,
              gpu_bytes: int = GPU_BYTES) -> TPSweep:
