@@ -115,3 +115,43 @@ def test_ttft_is_observed_while_the_request_is_still_running(server):
         for _ in lines:
             pass
     assert during == before + 1
+
+
+def _count(text: str, name: str) -> float:
+    return float(_series(text, name)[0].split()[-1])
+
+
+def test_n_and_the_longest_choice_are_observed_once_per_request(server):
+    """vLLM observes ``request_params_n`` and ``request_max_num_generation_tokens`` once per request (when its
+    last choice finishes, the longest choice), but its per-choice series (e2e, generation tokens) per choice."""
+    names = ("vllm:request_params_n_count", "vllm:request_params_n_sum", "vllm:request_max_num_generation_tokens_sum",
+             "vllm:request_max_num_generation_tokens_count", "vllm:e2e_request_latency_seconds_count")
+    before = httpx.get(f"{server.url}/metrics").text
+    response = _chat(server, n=3, max_tokens=6, temperature=1.0, seed=5, ignore_eos=True)  # 3 choices x 6 tokens
+    assert response.status_code == 200, response.text
+    after = httpx.get(f"{server.url}/metrics").text
+    grew = {name: _count(after, name) - _count(before, name) for name in names}
+    assert grew["vllm:request_params_n_count"] == 1 and grew["vllm:request_params_n_sum"] == 3, grew
+    assert grew["vllm:request_max_num_generation_tokens_count"] == 1, grew
+    assert grew["vllm:request_max_num_generation_tokens_sum"] == 6, grew  # per choice it would be 18
+    assert grew["vllm:e2e_request_latency_seconds_count"] == 3, grew
+
+
+def test_queue_time_counts_from_the_engine_queue_not_from_arrival(real_model, tokenizer):
+    """A request that arrived long before the engine took it (time spent in a server's front end) has that time
+    in its TTFT but not in its queue time, as in vLLM (whose queue clock starts in the engine core)."""
+    from workbench.config import SamplingParams
+    from workbench.serve.metrics import ServingMetrics
+
+    engine = make_engine(real_model, tokenizer)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), arrival_time=engine.clock() - 30.0)
+    while engine.has_unfinished_requests():
+        engine.step()
+    metrics = ServingMetrics(MODEL, max_model_len=256)
+    (seq,) = engine.metrics.finished
+    metrics.record_progress(seq, 0)
+    metrics.record_finished(seq)
+    text = metrics.exposition().decode()
+    assert _count(text, "vllm:time_to_first_token_seconds_sum") >= 30.0
+    assert _count(text, "vllm:request_queue_time_seconds_count") == 1
+    assert _count(text, "vllm:request_queue_time_seconds_sum") < 5.0

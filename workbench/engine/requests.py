@@ -78,9 +78,11 @@ def checked_prompt(prompt: str | list[int], params: SamplingParams, tokenizer, c
 
 def new_request(request_id: str, prompt: str | list[int], params: SamplingParams, *, tokenizer,
                 limits: RequestLimits, blocks: BlockManager, seq_ids: Iterator[int], arrival_time: float,
-                chat: bool, spec_k: int, priority: int, device: torch.device, spec_slots: int = 0) -> Request:
+                chat: bool, spec_k: int, priority: int, device: torch.device, spec_slots: int = 0,
+                queued_time: float | None = None) -> Request:
     """A validated request with its ``params.n`` sequences (seeded ones get seed, seed + 1, ...); ``spec_slots``:
-    the slots a token tree takes beyond the newest token (0 for chains)."""
+    the slots a token tree takes beyond the newest token (0 for chains); ``queued_time``: when the engine took
+    it (None: its arrival time)."""
     prompt_ids, max_total = checked_prompt(prompt, params, tokenizer, chat, limits)
     seqs = []
     for index in range(params.n):
@@ -88,6 +90,7 @@ def new_request(request_id: str, prompt: str | list[int], params: SamplingParams
         seqs.append(Sequence(
             next(seq_ids), request_id, list(prompt_ids), seq_params, max_total, arrival_time, blocks=blocks,
             generator=make_generator(seq_params, device), spec_k=spec_k, spec_slots=spec_slots, priority=priority,
+            queued_time=queued_time,
             detokenizer=IncrementalDetokenizer(tokenizer, params.stop) if tokenizer else None))
     return Request(request_id, prompt_ids, params, seqs)
 

@@ -47,7 +47,7 @@ class Sequence:
     token_ids: list[int]  # the prompt when created, then every generated token; only append_token() writes it
     params: SamplingParams
     max_total_tokens: int  # prompt + the most tokens it may generate (max_tokens, capped by the context)
-    arrival_time: float
+    arrival_time: float  # when the request arrived (at the HTTP server, when it came through one): TTFT counts from it
     blocks: BlockManager | None = field(default=None, repr=False)  # owns num_computed_tokens (None: no engine)
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
@@ -58,6 +58,7 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_cached_prompt_tokens: int = 0  # served from the prefix cache at the last admission
     num_preemptions: int = 0
+    queued_time: float | None = None  # when the engine queued it (None: at arrival); queue time counts from it
     first_scheduled_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
@@ -69,6 +70,8 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
+        if self.queued_time is None:
+            self.queued_time = self.arrival_time
 
     # ------------------------------------------------------------------------------------------ tokens
     @property

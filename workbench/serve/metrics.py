@@ -68,6 +68,7 @@ class ServingMetrics:
         ProcessCollector(registry=self.registry)
         self.registry.register(PLATFORM_COLLECTOR)
         self.model_name = model_name
+        self._choices_left: dict[str, tuple[int, int]] = {}  # request id -> (choices still running, longest so far)
         self._build_scheduler_series()
         self._build_request_series(max_model_len)
         self._build_spec_series()
@@ -113,7 +114,7 @@ class ServingMetrics:
                                                         "Generated tokens per finished request.",
                                                         buckets=token_buckets)
         self.max_generation_tokens = self._labelled(Histogram, "vllm:request_max_num_generation_tokens",
-                                                    "The most tokens a finished request generated in one choice.",
+                                                    "The most tokens one choice of a finished request generated.",
                                                     buckets=token_buckets)
         self.params_n = self._labelled(Histogram, "vllm:request_params_n", "The n parameter of finished requests.",
                                        buckets=(1, 2, 5, 10, 20))
@@ -130,7 +131,7 @@ class ServingMetrics:
         self.e2e = self._labelled(Histogram, "vllm:e2e_request_latency_seconds", "Arrival to finish.",
                                   buckets=REQUEST_LATENCY_BUCKETS)
         self.queue_time = self._labelled(Histogram, "vllm:request_queue_time_seconds",
-                                         "Arrival to first scheduled.", buckets=REQUEST_LATENCY_BUCKETS)
+                                         "Queued in the engine to first scheduled.", buckets=REQUEST_LATENCY_BUCKETS)
         self.inference_time = self._labelled(Histogram, "vllm:request_inference_time_seconds",
                                              "First scheduled to finish.", buckets=REQUEST_LATENCY_BUCKETS)
         self.prefill_time = self._labelled(Histogram, "vllm:request_prefill_time_seconds",
@@ -185,9 +186,8 @@ class ServingMetrics:
         self.success[reason].inc()
         self.request_prompt_tokens.observe(len(seq.prompt_ids))
         self.request_generation_tokens.observe(len(seq.output_ids))
-        self.max_generation_tokens.observe(len(seq.output_ids))
-        self.params_n.observe(seq.params.n)
         self.params_max_tokens.observe(seq.params.max_tokens)
+        self._record_choice_finished(seq)
         self.cached_prompt_tokens.inc(seq.num_cached_prompt_tokens)
         times, scheduled = seq.token_times, seq.first_scheduled_time
         if seq.finish_time is not None:
@@ -195,7 +195,7 @@ class ServingMetrics:
             if scheduled is not None:
                 self.inference_time.observe(seq.finish_time - scheduled)
         if scheduled is not None:
-            self.queue_time.observe(scheduled - seq.arrival_time)
+            self.queue_time.observe(scheduled - seq.queued_time)
             if times:
                 self.prefill_time.observe(times[0] - scheduled)
         if times:
@@ -208,6 +208,17 @@ class ServingMetrics:
             self.spec_accepted.inc(spec.accepted)
             for position, accepted in enumerate(spec.accepted_at):
                 self._accepted_per_pos.labels(self.model_name, ENGINE_INDEX, str(position)).inc(accepted)
+
+    def _record_choice_finished(self, seq: Sequence) -> None:
+        """The series vLLM observes once per request, not per choice (``n`` and the longest choice), observed when
+        the last of a request's ``n`` sequences finishes; the others above count every sequence, as vLLM's do."""
+        left, longest = self._choices_left.pop(seq.request_id, (seq.params.n, 0))
+        left, longest = left - 1, max(longest, seq.num_output_tokens)
+        if left > 0:
+            self._choices_left[seq.request_id] = (left, longest)
+            return
+        self.params_n.observe(seq.params.n)
+        self.max_generation_tokens.observe(longest)
 
     def exposition(self) -> bytes:
         """The Prometheus text format (version 0.0.4) of every series."""
