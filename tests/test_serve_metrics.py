@@ -67,6 +67,12 @@ def test_metrics_parse_and_agree_with_engine_frames(server):
     assert _value(samples, "vllm:generation_tokens_total") == requests["output_tokens"].sum()
     first_seqs = requests[requests["output_tokens"] > 0].drop_duplicates("request_id")
     assert _value(samples, "vllm:prompt_tokens_total") == first_seqs["prompt_tokens"].sum()
+    # Each request's prompt, once, by where its KV came from; the repeated prompt found its prefix cached.
+    cached = first_seqs["cached_prompt_tokens"]
+    assert _value(samples, "vllm:prompt_tokens_by_source_total", source="local_cache_hit") == cached.sum() > 0
+    assert (_value(samples, "vllm:prompt_tokens_by_source_total", source="local_compute")
+            == (first_seqs["prompt_tokens"] - cached).sum() > 0)
+    assert _value(samples, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 0
     for reason in ("stop", "length", "abort"):
         expected = int((requests["finish_reason"] == reason).sum())
         assert _value(samples, "vllm:request_success_total", finished_reason=reason) == expected

@@ -172,10 +172,11 @@ class EngineLoop:
                 continue
             deltas = tracker.deltas(output)
             new_tokens = sum(d.num_tokens for d in deltas)
-            prompt_tokens = 0
+            prompt_tokens = cached_prompt = 0
             if new_tokens and not tracker.counted_prompt:
                 tracker.counted_prompt, prompt_tokens = True, len(output.prompt_ids)
-            self.metrics.record_tokens(prompt_tokens, new_tokens)
+                cached_prompt = cached.get(output.request_id, self._cached_prompt_tokens(output.request_id))
+            self.metrics.record_tokens(prompt_tokens, new_tokens, cached_prompt)
             usage = None
             if output.finished:
                 del self._active[output.request_id]
@@ -221,6 +222,11 @@ class EngineLoop:
             cached.setdefault(seq.request_id, seq.num_cached_prompt_tokens)
         self._finished_seen = len(finished)
         return cached
+
+    def _cached_prompt_tokens(self, request_id: str) -> int:
+        """The prompt tokens a running request found in the prefix cache (its first sequence's last admission)."""
+        request = self.engine.requests.get(request_id)
+        return request.seqs[0].num_cached_prompt_tokens if request is not None and request.seqs else 0
 
     def _export_progress(self) -> None:
         """TTFT and ITL of the sequences still running, observed as their tokens are produced."""

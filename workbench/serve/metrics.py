@@ -47,6 +47,9 @@ ENGINE_INDEX = "0"
 # vLLM's reasons a request waits: no room in the KV pool or the step's budget ("capacity"), or held back by the
 # scheduler's policy ("deferred"). This engine's scheduler only ever waits for capacity.
 WAITING_REASONS = ("capacity", "deferred")
+# vLLM's sources of a prompt token's KV (vllm/v1/metrics/stats.py PromptTokenStats): computed by prefill, found in
+# the local prefix cache, or loaded through a KV connector (which this engine does not have: that one stays 0).
+PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
 
 def one_two_five_buckets(max_value: int) -> list[int]:
@@ -105,6 +108,9 @@ class ServingMetrics:
         self.generation_tokens = self._labelled(Counter, "vllm:generation_tokens", "Tokens generated.")
         self.cached_prompt_tokens = self._labelled(Counter, "vllm:prompt_tokens_cached",
                                                    "Prompt tokens whose KV came from the prefix cache.")
+        self.prompt_tokens_by_source = self._by(Counter, "vllm:prompt_tokens_by_source",
+                                                "Prompt tokens, by where their KV came from.", "source",
+                                                PROMPT_TOKEN_SOURCES)
         self.success = self._by(Counter, "vllm:request_success", "Finished requests, by finish reason.",
                                 "finished_reason", FINISH_REASONS)
         token_buckets = one_two_five_buckets(max_model_len)
@@ -162,9 +168,14 @@ class ServingMetrics:
         self.prefix_queries.inc(prefix_queries)
         self.prefix_hits.inc(prefix_hits)
 
-    def record_tokens(self, prompt_tokens: int, generation_tokens: int) -> None:
+    def record_tokens(self, prompt_tokens: int, generation_tokens: int, cached_prompt_tokens: int = 0) -> None:
+        """Token counters; a request's prompt is counted once, when its first token comes (as vLLM counts it at
+        prefill), split by source: ``cached_prompt_tokens`` of it came from the prefix cache."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
+        cached = min(cached_prompt_tokens, prompt_tokens)
+        self.prompt_tokens_by_source["local_cache_hit"].inc(cached)
+        self.prompt_tokens_by_source["local_compute"].inc(prompt_tokens - cached)
 
     def record_progress(self, seq: Sequence, times_seen: int) -> int:
         """Observe what one sequence produced since ``times_seen`` of its token times were observed: its time to
