@@ -44,10 +44,10 @@ def test_the_role_arrives_with_the_first_token(server):
     assert arrivals[1][0] - arrivals[0][0] < 0.05, [t - arrivals[0][0] for t, _ in arrivals]
 
 
-@pytest.mark.parametrize("field,value", [("min_p", 0.1), ("repetition_penalty", 1.2), ("frequency_penalty", 0.5),
+@pytest.mark.parametrize("field,value", [("logit_bias", {"5": 10.0}), ("prompt_logprobs", 1),
                                          ("tools", [{"type": "function", "function": {"name": "f"}}]),
                                          ("response_format", {"type": "json_object"}), ("use_beam_search", True),
-                                         ("guided_choice", ["a", "b"]), ("top_logprobs", 2)])
+                                         ("guided_choice", ["a", "b"])])
 def test_vllm_fields_the_engine_does_not_do_are_refused_by_name(server, field, value):
     response = _chat(server, **{field: value})
     assert response.status_code == 400, response.text

@@ -176,6 +176,10 @@ class ModelSpec:
         return self.num_layers * per_layer + embed + head + h
 
 
+# The most top alternatives a request may ask log-probabilities for (vLLM's default max_logprobs).
+MAX_LOGPROBS = 20
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick each next token, and when to stop.
@@ -193,6 +197,14 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     n: int = 1
+    # vLLM's extensions, with vLLM's meanings and defaults (each default switches it off):
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (after temperature)
+    min_tokens: int = 0  # EOS and stop token ids are masked, and stop strings ignored, until this many are out
+    repetition_penalty: float = 1.0  # tokens seen in prompt or output: positive logits / p, negative ones x p
+    frequency_penalty: float = 0.0  # logit -= f x (times the token was generated)
+    presence_penalty: float = 0.0  # logit -= p if the token was generated at all
+    include_stop_str_in_output: bool = False  # keep the stop string that ended the text
+    logprobs: int | None = None  # return each token's log-probability and this many top alternatives (0: none)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
@@ -214,10 +226,34 @@ class SamplingParams:
         _require(all(isinstance(t, int) and t >= 0 for t in ids),
                  f"stop_token_ids must be non-negative integers, got {ids!r}")
         object.__setattr__(self, "stop_token_ids", ids)
+        _require(isinstance(self.min_p, int | float) and 0 <= self.min_p <= 1,
+                 f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        _require(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+                 f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        _require(isinstance(self.repetition_penalty, int | float) and 0 < self.repetition_penalty <= 10,
+                 f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty!r}")
+        _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+                 f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            _require(isinstance(value, int | float) and -2 <= value <= 2,
+                     f"{name} must be in [-2, 2] (0 = off), got {value!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def one_token_per_step(self) -> bool:
+        """True when this sequence must not be drafted for speculative decoding: its logits depend on the tokens
+        before (``reads_history``), or it reports each token's log-probabilities, read from the step that drew it."""
+        return self.reads_history or self.logprobs is not None
+
+    @property
+    def reads_history(self) -> bool:
+        """True when each next token's logits depend on the tokens before it (penalties, min_tokens)."""
+        return bool(self.min_tokens or self.repetition_penalty != 1 or self.frequency_penalty
+                    or self.presence_penalty)
 
 
 # What a KV cache may store: the kernels' formats (`workbench_kernels.kv_quant`: auto and the quantized ones), or

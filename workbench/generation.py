@@ -24,7 +24,7 @@ from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
 from workbench.prompts import check_prompt_fits, encode_prompt, eos_token_ids
-from workbench.sampling import make_generator, sample
+from workbench.sampling import apply_history, make_generator, sample
 
 
 @dataclass(slots=True)
@@ -94,6 +94,8 @@ def stream_token_ids(model: LlamaModel, prompt_ids: list[int], params: SamplingP
             cached = len(tokens)
         hidden = model(inputs, positions, attention)
         logits = model.compute_logits(hidden[-1:])[0]
+        if params.reads_history:  # penalties, min_tokens
+            logits = apply_history(logits, params, tokens.tolist(), len(prompt_ids), stop_ids)
         token = sample(logits, params, generator)
         yield TokenEvent(token, time.perf_counter() - start)
         if token in stop_ids:

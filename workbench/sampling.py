@@ -1,4 +1,4 @@
-"""Turning logits into next tokens: greedy, temperature, top-k and top-p, reproducible per request.
+"""Turning logits into next tokens: penalties, greedy, temperature, min-p, top-k and top-p, reproducible per request.
 
 A module of its own, outside ``workbench.engine``, because three parts draw tokens the same way: the engine,
 the single-sequence loops of ``workbench.generation``, and the speculative draft proposer (whose drafts must
@@ -7,13 +7,31 @@ come from the very distribution the verifier later compares against).
 Each request with a seed owns a ``torch.Generator``, so its draws do not depend on which other requests
 share the batch. ``probabilities`` is separate from ``sample`` because speculative decoding needs the
 filtered distributions themselves (the rejection rule compares target and draft probabilities).
+
+The order is vLLM's: ``apply_history`` first (min_tokens masks the stop tokens; repetition, then frequency and
+presence penalties), on the raw logits, so greedy decoding sees them too; then temperature, min-p, top-k, top-p.
+The history step depends on every token before, so it is applied only where one token is drawn per sequence and
+step (``SamplingParams.one_token_per_step`` keeps such sequences out of speculative decoding).
+``token_logprob`` reports a drawn token's log-probability, as the OpenAI API's ``logprobs`` asks.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from workbench.config import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model's raw distribution (before penalties, temperature
+    and the filters, as vLLM's default ``raw_logprobs``), with the most likely alternatives, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
@@ -23,8 +41,31 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
     return torch.Generator(device=device).manual_seed(params.seed)
 
 
+def apply_history(logits: torch.Tensor, params: SamplingParams, token_ids: list[int], num_prompt_tokens: int,
+                  stop_ids: set[int] | frozenset[int]) -> torch.Tensor:
+    """One sequence's next-token logits ([vocab]) adjusted for what came before it: ``stop_ids`` (EOS unless
+    ignored, and the stop token ids) masked while fewer than ``min_tokens`` are generated, then the repetition
+    penalty over prompt and output, then frequency and presence penalties over the output. Returns a new tensor
+    (or ``logits`` itself when the params ask for none of this)."""
+    if not params.reads_history:
+        return logits
+    logits = logits.float().clone()
+    output = token_ids[num_prompt_tokens:]
+    masked = [t for t in stop_ids if t < logits.shape[-1]]
+    if len(output) < params.min_tokens and masked:
+        logits[masked] = float("-inf")
+    if params.repetition_penalty != 1:
+        seen = torch.tensor(sorted(set(token_ids)), dtype=torch.long, device=logits.device)
+        values = logits[seen]
+        logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if output and (params.frequency_penalty or params.presence_penalty):
+        counts = torch.bincount(torch.tensor(output, device=logits.device), minlength=logits.shape[-1]).float()
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return logits
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution sampling draws from: softmax(logits / T) restricted by top-k, then top-p.
+    """The distribution sampling draws from: softmax(logits / T) restricted by min-p, top-k, then top-p.
 
     logits: [..., vocab]. For greedy params this is one-hot on the argmax (the limit T -> 0).
     """
@@ -32,6 +73,9 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature
+    if params.min_p > 0:  # keep tokens with p >= min_p * p_max, i.e. logit >= max logit + log(min_p)
+        floor = logits.max(-1, keepdim=True).values + torch.log(torch.tensor(params.min_p))
+        logits = logits.masked_fill(logits < floor, float("-inf"))
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -60,3 +104,12 @@ def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
     greedy = logits.argmax(-1).tolist()
     return [g if p.greedy else sample(logits[i], p, gen)
             for i, (g, p, gen) in enumerate(zip(greedy, params, generators, strict=True))]
+
+
+def token_logprob(logits: torch.Tensor, token: int, num_top: int) -> TokenLogprob:
+    """``token``'s log-probability under softmax(logits) ([vocab], raw: before penalties and temperature) and the
+    ``num_top`` most likely tokens with theirs."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logprobs, num_top) if num_top else None
+    pairs = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
+    return TokenLogprob(token, float(logprobs[token]), pairs)

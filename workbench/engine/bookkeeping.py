@@ -28,7 +28,7 @@ from workbench.engine.scheduler import Scheduler
 from workbench.engine.sequence import FinishReason, Sequence
 from workbench.metrics.recorder import MetricsRecorder
 from workbench.metrics.step_ranges import step_range
-from workbench.sampling import probabilities, sample_batch
+from workbench.sampling import apply_history, probabilities, sample_batch, token_logprob
 from workbench.spec.proposer import Proposer
 from workbench.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
 from workbench.spec.verify import verify_greedy, verify_sampled
@@ -88,8 +88,16 @@ class Bookkeeper:
         if not due:
             return []
         seqs = [seq for seq, _ in due]
-        tokens = sample_batch(logits[[row for _, row in due]], [s.params for s in seqs], [s.generator for s in seqs])
-        for seq, token in zip(seqs, tokens, strict=True):
+        rows = logits[[row for _, row in due]]
+        # logprobs are read from the raw logits, before the penalties below change them
+        raw = [rows[i].clone() if seq.params.logprobs is not None else None for i, seq in enumerate(seqs)]
+        for i, seq in enumerate(seqs):
+            if seq.params.reads_history:  # penalties, min_tokens
+                rows[i] = apply_history(rows[i], seq.params, seq.token_ids, seq.num_prompt_tokens, self._stop_ids(seq))
+        tokens = sample_batch(rows, [s.params for s in seqs], [s.generator for s in seqs])
+        for seq, token, raw_row in zip(seqs, tokens, raw, strict=True):
+            if raw_row is not None:
+                seq.logprobs.append(token_logprob(raw_row, token, seq.params.logprobs))
             self._append(seq, token, now)
         return [seq.request_id for seq in seqs]
 
@@ -137,7 +145,7 @@ class Bookkeeper:
     def _append(self, seq: Sequence, token: int, now: float) -> bool:
         """Append one generated token; finish the sequence if it hit a stop condition (returns True then)."""
         seq.append_token(token, now)
-        stop_ids = set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_ids)
+        stop_ids = self._stop_ids(seq)
         stopped_on_text = seq.detokenizer is not None and seq.detokenizer.stopped_on is not None
         if token in stop_ids or stopped_on_text:
             reason = FinishReason.STOP
@@ -147,6 +155,9 @@ class Bookkeeper:
             return False
         self.finish(seq, reason, now)
         return True
+
+    def _stop_ids(self, seq: Sequence) -> set[int]:
+        return set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_ids)
 
     def _release_unused_lookahead(self, seq: Sequence, lookahead: int) -> None:
         """Slots reserved beyond the known tokens for drafts that were rejected or never proposed."""

@@ -11,9 +11,14 @@ _INCOMPLETE = "\ufffd"  # what the tokenizer prints for a partial UTF-8 sequence
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: tuple[str, ...] = ()):
+    """``stop`` strings end the text (cut before the stop string, or after it with ``include_stop``); they are
+    looked for only once more than ``min_tokens`` tokens are out (vLLM's rule)."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...] = (), *, include_stop: bool = False, min_tokens: int = 0):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.include_stop = include_stop
+        self.min_tokens = min_tokens
         self.ids: list[int] = []
         self.text = ""  # text released so far
         self.stopped_on: str | None = None
@@ -24,11 +29,11 @@ class IncrementalDetokenizer:
         full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if full.endswith(_INCOMPLETE):
             return ""
-        for s in self.stop:
+        for s in self.stop if len(self.ids) > self.min_tokens else ():
             # Search only where a stop string could newly end, so earlier text is never re-cut.
             at = full.find(s, max(0, len(self.text) - len(s) + 1))
             if at != -1:
-                full = full[:at]
+                full = full[:at + len(s)] if self.include_stop else full[:at]
                 self.stopped_on = s
                 break
         delta = full[len(self.text):]

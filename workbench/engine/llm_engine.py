@@ -108,18 +108,22 @@ class LLMEngine:
         """Queue a request; returns its id. Bad input raises ValueError and leaves the engine untouched.
 
         ``num_speculative_tokens`` overrides the engine's K for this request (0: no speculation; with a token tree,
-        the most levels it may draft). ``priority`` (lower first) matters only with
+        the most levels it may draft; a request with penalties, min_tokens or logprobs is never drafted:
+        ``SamplingParams.one_token_per_step``). ``priority`` (lower first) matters only with
         ``SchedulerConfig(scheduling_policy="priority")``. ``arrival_time`` (default: now) is when the request
         arrived, e.g. at a server in front of the engine: TTFT and latency count from it, queue time from now."""
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        params = params or SamplingParams()
         spec_k = self._spec_k(num_speculative_tokens)
+        if params.one_token_per_step:  # penalties, min_tokens or logprobs: see SamplingParams
+            spec_k = 0
         now = self.clock()
         if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31:
             raise ValueError(f"priority must be an integer in [-2**31, 2**31] (lower runs first), got {priority!r}")
         request = new_request(
-            request_id, prompt, params or SamplingParams(), tokenizer=self.tokenizer, limits=self.limits,
+            request_id, prompt, params, tokenizer=self.tokenizer, limits=self.limits,
             blocks=self.blocks, seq_ids=self._seq_ids, chat=chat, spec_k=spec_k, priority=priority,
             arrival_time=now if arrival_time is None else arrival_time, queued_time=now, device=self.model.device,
             spec_slots=self._tree_slots() if spec_k else 0)

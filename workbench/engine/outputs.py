@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.sampling import TokenLogprob
+
 
 @dataclass(slots=True)
 class CompletionOutput:
@@ -13,6 +15,7 @@ class CompletionOutput:
     finish_reason: str | None  # "stop", "length", "abort", or None while running
     new_token_ids: list[int] = field(default_factory=list)  # since the previous output of this request
     new_text: str = ""
+    logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked for them
 
     @property
     def finished(self) -> bool:

@@ -91,7 +91,8 @@ def new_request(request_id: str, prompt: str | list[int], params: SamplingParams
             next(seq_ids), request_id, list(prompt_ids), seq_params, max_total, arrival_time, blocks=blocks,
             generator=make_generator(seq_params, device), spec_k=spec_k, spec_slots=spec_slots, priority=priority,
             queued_time=queued_time,
-            detokenizer=IncrementalDetokenizer(tokenizer, params.stop) if tokenizer else None))
+            detokenizer=IncrementalDetokenizer(tokenizer, params.stop, include_stop=params.include_stop_str_in_output,
+                                               min_tokens=params.min_tokens) if tokenizer else None))
     return Request(request_id, prompt_ids, params, seqs)
 
 
@@ -104,7 +105,8 @@ def build_output(request: Request, since_last_look: bool = False) -> RequestOutp
         outputs.append(CompletionOutput(
             index=index, token_ids=output_ids, text=text,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
-            new_token_ids=output_ids[start:], new_text=text[text_start:]))
+            new_token_ids=output_ids[start:], new_text=text[text_start:],
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None))
         if since_last_look:
             seq.num_returned_tokens, seq.returned_text_len = len(output_ids), len(text)
     return RequestOutput(request.request_id, request.prompt_ids, outputs)

@@ -25,6 +25,7 @@ import torch
 from workbench.cache.block_manager import BlockManager
 from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
+from workbench.sampling import TokenLogprob
 from workbench.spec.stats import SpecCounters
 
 
@@ -67,6 +68,7 @@ class Sequence:
     num_returned_tokens: int = 0
     returned_text_len: int = 0
     spec: SpecCounters = field(default_factory=SpecCounters)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when params.logprobs is set
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)

@@ -37,11 +37,14 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int)
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     try:
         return SamplingParams(
-            max_tokens=max_tokens if max_tokens is not None else 1,
+            max_tokens=max_tokens if max_tokens is not None else max(1, request.min_tokens),
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             top_k=max(0, request.top_k or 0), seed=request.seed, stop=stop,
-            stop_token_ids=tuple(request.stop_token_ids or ()), ignore_eos=request.ignore_eos, n=request.n)
+            stop_token_ids=tuple(request.stop_token_ids or ()), ignore_eos=request.ignore_eos, n=request.n,
+            min_p=request.min_p, min_tokens=request.min_tokens, repetition_penalty=request.repetition_penalty,
+            frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
+            include_stop_str_in_output=request.include_stop_str_in_output)
     except ValueError as exc:
         raise from_value_error(exc) from exc
 
@@ -95,6 +98,9 @@ def fit_to_context(params: SamplingParams, requested_max_tokens: int | None, num
     Without a requested max_tokens, the request may generate up to what the context and the KV pool leave."""
     if requested_max_tokens is None:
         room = min(max_context, pool_tokens) - num_prompt_tokens
+        if room < params.min_tokens:
+            raise APIError(400, f"min_tokens={params.min_tokens} does not fit: the context and the KV pool leave "
+                                f"room for {max(room, 0)} tokens after this {prompt_field}", param="min_tokens")
         return replace(params, max_tokens=max(1, room))
     total = num_prompt_tokens + requested_max_tokens
     if num_prompt_tokens >= max_context or total > max_context:

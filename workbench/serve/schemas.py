@@ -6,9 +6,11 @@ work. ``null`` stands for "the default" in every optional field, as in vLLM. Ran
 (OpenAI: temperature in [0, 2], top_p in (0, 1]); the engine's ``SamplingParams`` checks its own limits again
 when the request reaches it.
 
-Nothing is dropped silently: every field of vLLM's request schemas (0.10-0.11, as recalled here) that the
-engine does not honour (``VLLM_FIELDS_REFUSED``: penalties, logit bias, logprobs, tools, structured output,
-beam search, ...) is refused with a 400 naming it when it asks for anything but the neutral value, so a client
+vLLM's sampling extensions the engine can do exactly are honoured (``min_p``, ``min_tokens``, the repetition,
+frequency and presence penalties, ``stop_token_ids``, ``include_stop_str_in_output``, ``ignore_eos``, ``top_k``).
+Nothing is dropped silently: every other field of vLLM's request schemas (0.10-0.11, as recalled here) that the
+engine does not honour (``VLLM_FIELDS_REFUSED``: logit bias, logprobs, tools, structured output, beam search,
+...) is refused with a 400 naming it when it asks for anything but the neutral value, so a client
 never gets an answer it did not ask for.
 """
 
@@ -26,10 +28,8 @@ MAX_STOP_SEQUENCES = 4
 # that fill in every field); any other value is refused with a 400 that names the field.
 _OFF = (None, False, 0, 0.0, "", [], {})
 VLLM_FIELDS_REFUSED: dict[str, tuple] = {
-    "presence_penalty": _OFF, "frequency_penalty": _OFF, "repetition_penalty": (None, 1, 1.0),
     "logit_bias": _OFF, "logprobs": (None, False), "top_logprobs": _OFF, "prompt_logprobs": _OFF,
-    "min_p": _OFF, "min_tokens": _OFF, "length_penalty": (None, 1, 1.0), "use_beam_search": _OFF,
-    "include_stop_str_in_output": _OFF, "skip_special_tokens": (None, True),
+    "length_penalty": (None, 1, 1.0), "use_beam_search": _OFF, "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True), "truncate_prompt_tokens": _OFF, "allowed_token_ids": _OFF,
     "bad_words": _OFF, "tools": _OFF, "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
     "functions": _OFF, "function_call": (None, "none", "auto"),
@@ -92,8 +92,13 @@ class SamplingFields(_Request):
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    # Honoured (vLLM's meanings; see SamplingParams): penalties, min-p, min_tokens, keeping the stop string.
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(1.0, gt=0, le=10)
+    min_p: float = Field(0.0, ge=0, le=1)
+    min_tokens: int = Field(0, ge=0)
+    include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
