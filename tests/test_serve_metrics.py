@@ -73,6 +73,11 @@ def test_metrics_parse_and_agree_with_engine_frames(server):
     assert (_value(samples, "vllm:prompt_tokens_by_source_total", source="local_compute")
             == (first_seqs["prompt_tokens"] - cached).sum() > 0)
     assert _value(samples, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 0
+    # Per finished request, the prompt tokens prefill computed; the prefix-cache hits come from the KV pool.
+    computed = requests["prompt_tokens"] - requests["cached_prompt_tokens"]
+    assert _value(samples, "vllm:request_prefill_kv_computed_tokens_count") == len(requests)
+    assert _value(samples, "vllm:request_prefill_kv_computed_tokens_sum") == computed.sum() < requests[
+        "prompt_tokens"].sum()
     for reason in ("stop", "length", "abort"):
         expected = int((requests["finish_reason"] == reason).sum())
         assert _value(samples, "vllm:request_success_total", finished_reason=reason) == expected
@@ -93,6 +98,12 @@ def test_metrics_parse_and_agree_with_engine_frames(server):
     assert _value(samples, "vllm:iteration_tokens_total_count") == len(steps)
     assert _value(samples, "vllm:prefix_cache_queries_total") == prefix.queried_tokens
     assert _value(samples, "vllm:prefix_cache_hits_total") == prefix.hit_tokens > 0
+    assert _value(samples, "vllm:prompt_tokens_cached_by_source_total", source="device") == prefix.hit_tokens
+    for tier in ("host", "p2p", "disk", "external_unspecified"):
+        assert _value(samples, "vllm:prompt_tokens_cached_by_source_total", source=tier) == 0
+    assert [_value(samples, "vllm:engine_sleep_state", sleep_state=state)
+            for state in ("awake", "weights_offloaded", "discard_all")] == [1, 0, 0]
+    assert {dict(labels).get("engine") for labels in samples["vllm:cache_config_info"]} == {"0"}
     assert _value(samples, "vllm:spec_decode_num_drafts_total") == spec.passes > 0
     assert _value(samples, "vllm:spec_decode_num_draft_tokens_total") == spec.drafted
     assert _value(samples, "vllm:spec_decode_num_accepted_tokens_total") == spec.accepted > 0

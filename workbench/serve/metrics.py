@@ -50,6 +50,10 @@ WAITING_REASONS = ("capacity", "deferred")
 # vLLM's sources of a prompt token's KV (vllm/v1/metrics/stats.py PromptTokenStats): computed by prefill, found in
 # the local prefix cache, or loaded through a KV connector (which this engine does not have: that one stays 0).
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+# vLLM's tiers a cached prompt token can come from. This engine's only tier is its KV pool ("device").
+CACHE_TIERS = ("device", "host", "p2p", "disk", "external_unspecified")
+# vLLM's engine sleep states (sleep mode offloads or discards the weights); this engine is always awake.
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
 
 
 def one_two_five_buckets(max_value: int) -> list[int]:
@@ -78,7 +82,7 @@ class ServingMetrics:
         if cache_config is not None:
             info = Info("vllm:cache_config", "Information of the engine's cache configuration.",
                         registry=self.registry)
-            info.info({key: str(value) for key, value in cache_config.items()})
+            info.info({**{key: str(value) for key, value in cache_config.items()}, "engine": ENGINE_INDEX})
 
     # ---------------------------------------------------------------------------------------- definitions
     def _labelled(self, kind, name: str, doc: str, **kwargs):
@@ -102,6 +106,12 @@ class ServingMetrics:
         self.preemptions = self._labelled(Counter, "vllm:num_preemptions", "Preemptions by the scheduler.")
         self.iteration_tokens = self._labelled(Histogram, "vllm:iteration_tokens_total", "Tokens per engine step.",
                                                buckets=ITERATION_TOKEN_BUCKETS)
+        self.cached_by_tier = self._by(Counter, "vllm:prompt_tokens_cached_by_source",
+                                       "Prompt tokens found cached at admission, by the cache tier that held them.",
+                                       "source", CACHE_TIERS)
+        sleep_state = self._by(Gauge, "vllm:engine_sleep_state", "Engine sleep state: awake = 1 while awake.",
+                               "sleep_state", SLEEP_STATES)
+        sleep_state["awake"].set(1)
 
     def _build_request_series(self, max_model_len: int) -> None:
         self.prompt_tokens = self._labelled(Counter, "vllm:prompt_tokens", "Prompt tokens of requests prefilled.")
@@ -116,6 +126,9 @@ class ServingMetrics:
         token_buckets = one_two_five_buckets(max_model_len)
         self.request_prompt_tokens = self._labelled(Histogram, "vllm:request_prompt_tokens",
                                                     "Prompt tokens per finished request.", buckets=token_buckets)
+        self.prefill_computed_tokens = self._labelled(Histogram, "vllm:request_prefill_kv_computed_tokens",
+                                                      "Prompt tokens per finished request whose KV prefill computed "
+                                                      "(not found cached).", buckets=token_buckets)
         self.request_generation_tokens = self._labelled(Histogram, "vllm:request_generation_tokens",
                                                         "Generated tokens per finished request.",
                                                         buckets=token_buckets)
@@ -167,6 +180,7 @@ class ServingMetrics:
         self.kv_usage.set(kv_usage)
         self.prefix_queries.inc(prefix_queries)
         self.prefix_hits.inc(prefix_hits)
+        self.cached_by_tier["device"].inc(prefix_hits)
 
     def record_tokens(self, prompt_tokens: int, generation_tokens: int, cached_prompt_tokens: int = 0) -> None:
         """Token counters; a request's prompt is counted once, when its first token comes (as vLLM counts it at
@@ -196,6 +210,7 @@ class ServingMetrics:
         reason = "error" if error else seq.finish_reason.value if seq.finish_reason else "abort"
         self.success[reason].inc()
         self.request_prompt_tokens.observe(len(seq.prompt_ids))
+        self.prefill_computed_tokens.observe(len(seq.prompt_ids) - max(seq.num_cached_prompt_tokens, 0))
         self.request_generation_tokens.observe(len(seq.output_ids))
         self.params_max_tokens.observe(seq.params.max_tokens)
         self._record_choice_finished(seq)
