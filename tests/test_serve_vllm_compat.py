@@ -5,6 +5,7 @@ observed while a request is still running."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -155,3 +156,81 @@ def test_queue_time_counts_from_the_engine_queue_not_from_arrival(real_model, to
     assert _count(text, "vllm:time_to_first_token_seconds_sum") >= 30.0
     assert _count(text, "vllm:request_queue_time_seconds_count") == 1
     assert _count(text, "vllm:request_queue_time_seconds_sum") < 5.0
+
+
+# ------------------------------------------------------------------------- fields honoured, not refused
+SKY = [{"role": "user", "content": "Answer with one word: what color is the sky?"}]  # greedy: 10 tokens, then EOS
+
+
+def test_sampling_extensions_are_honoured(server, real_model, tokenizer):
+    """min_tokens, include_stop_str_in_output and the penalties change the answer the way the engine's own
+    (transformers-checked, tests/test_sampling_fields.py) sampling does."""
+    from workbench.config import SamplingParams
+    from workbench.engine.llm_engine import LLMEngine
+
+    plain = _chat(server, messages=SKY, max_tokens=24).json()
+    assert plain["choices"][0]["finish_reason"] == "stop" and plain["usage"]["completion_tokens"] < 14
+    longer = _chat(server, messages=SKY, max_tokens=24, min_tokens=14).json()
+    assert longer["usage"]["completion_tokens"] >= 14
+    text = plain["choices"][0]["message"]["content"]
+    word = text.split()[2]  # a word inside the answer, as a stop string
+    cut = _chat(server, messages=SKY, max_tokens=24, stop=[word]).json()["choices"][0]["message"]["content"]
+    kept = _chat(server, messages=SKY, max_tokens=24, stop=[word],
+                 include_stop_str_in_output=True).json()["choices"][0]["message"]["content"]
+    assert kept == cut + word and text.startswith(kept)
+    body = {"repetition_penalty": 1.3, "frequency_penalty": 0.7, "presence_penalty": 0.4, "min_p": 0.05}
+    served = _chat(server, messages=SKY, max_tokens=20, **body).json()["choices"][0]["message"]["content"]
+    engine = LLMEngine(real_model, tokenizer)
+    direct = engine.generate([SKY[0]["content"]], SamplingParams(max_tokens=20, **body), progress=False)[0].text
+    assert served == direct and served != text
+
+
+def test_chat_logprobs_whole_and_streamed(server):
+    """OpenAI's chat logprobs: one entry per token whose texts make up the content, top alternatives best
+    first with the greedy token on top; the streamed chunks carry the same entries."""
+    whole = _chat(server, max_tokens=6, logprobs=True, top_logprobs=3).json()
+    choice = whole["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == whole["usage"]["completion_tokens"]
+    assert "".join(entry["token"] for entry in content) == choice["message"]["content"]
+    for entry in content:
+        top = entry["top_logprobs"]
+        assert len(top) == 3 and [t["logprob"] for t in top] == sorted((t["logprob"] for t in top), reverse=True)
+        assert top[0]["token"] == entry["token"] and top[0]["logprob"] == pytest.approx(entry["logprob"])
+        assert entry["logprob"] <= 0 and entry["bytes"] == list(entry["token"].encode())
+    streamed = []
+    with httpx.stream("POST", f"{server.url}{CHAT}", json={"model": MODEL, "messages": HELLO, "max_tokens": 6,
+                                                            "temperature": 0, "stream": True, "logprobs": True,
+                                                            "top_logprobs": 3}, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                logprobs = chunk["choices"][0]["logprobs"] if chunk["choices"] else None
+                streamed += logprobs["content"] if logprobs else []
+    assert [e["token"] for e in streamed] == [e["token"] for e in content]
+    assert [e["logprob"] for e in streamed] == pytest.approx([e["logprob"] for e in content], abs=1e-5)
+
+
+def test_completions_logprobs_and_the_openai_client(server):
+    """Completions' logprobs are parallel lists with text offsets into the text; the openai client parses both
+    endpoints' logprobs."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    done = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0,
+                                     logprobs=2)
+    logprobs = done.choices[0].logprobs
+    assert "".join(logprobs.tokens) == done.choices[0].text and len(logprobs.tokens) == done.usage.completion_tokens
+    assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(len(logprobs.tokens))]
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert token in top and top[token] == pytest.approx(value) and len(top) <= 3
+    chat = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0, logprobs=True)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and content[0].top_logprobs == []
+
+
+def test_top_logprobs_without_logprobs_is_refused(server):
+    response = _chat(server, top_logprobs=2)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
+    response = httpx.post(f"{server.url}{COMPLETIONS}", json={"model": MODEL, "prompt": "Hi", "logprobs": 21})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"

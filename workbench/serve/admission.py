@@ -44,7 +44,7 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int)
             stop_token_ids=tuple(request.stop_token_ids or ()), ignore_eos=request.ignore_eos, n=request.n,
             min_p=request.min_p, min_tokens=request.min_tokens, repetition_penalty=request.repetition_penalty,
             frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
-            include_stop_str_in_output=request.include_stop_str_in_output)
+            include_stop_str_in_output=request.include_stop_str_in_output, logprobs=request.requested_logprobs)
     except ValueError as exc:
         raise from_value_error(exc) from exc
 

@@ -100,7 +100,8 @@ class EngineLoop:
             prompt_ids, params = admit(engine)
             engine.add_request(prompt_ids, params, request_id=request_id, arrival_time=arrival_time, chat=False)
             stream.num_prompt_tokens = len(prompt_ids)
-            self._active[request_id] = DeltaTracker(stream, num_choices)
+            token_text = (lambda token: engine.tokenizer.decode([token])) if params.logprobs is not None else None
+            self._active[request_id] = DeltaTracker(stream, num_choices, token_text)
 
         await self.run(add)
         return stream

@@ -28,7 +28,8 @@ SERVER_ERROR = "server_error"
 # Fields whose name leads a SamplingParams/engine message ("max_tokens must be ..."), so ``param`` can
 # point at them without a second copy of the range checks.
 _PARAM_NAMES = ("max_tokens", "temperature", "top_p", "top_k", "n", "seed", "stop", "stop_token_ids",
-                "num_speculative_tokens", "prompt", "messages")
+                "num_speculative_tokens", "prompt", "messages", "min_p", "min_tokens", "repetition_penalty",
+                "frequency_penalty", "presence_penalty", "logprobs")
 
 
 # Pydantic's error types for a number outside a Field's bounds.

@@ -102,12 +102,15 @@ class Generator:
 
     async def _whole(self, stream: RequestStream, responder: Responder, request: Request) -> Response:
         texts, reasons = [""] * responder.n, [None] * responder.n
+        logprobs: list[list | None] = [None] * responder.n
 
         async def collect():
             async for event in stream:
                 for delta in event.choices:
                     texts[delta.index] += delta.text
                     reasons[delta.index] = delta.finish_reason or reasons[delta.index]
+                    if delta.logprobs is not None:
+                        logprobs[delta.index] = (logprobs[delta.index] or []) + delta.logprobs
                 if event.is_last:
                     return event
 
@@ -125,7 +128,7 @@ class Generator:
         last = collecting.result()
         if last.error is not None:
             raise APIError(500, last.error, type_=SERVER_ERROR)
-        return JSONResponse(responder.full(texts, reasons, last.usage))
+        return JSONResponse(responder.full(texts, reasons, last.usage, logprobs))
 
 
 async def _mapped(awaitable: Awaitable[T]) -> T:

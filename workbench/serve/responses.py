@@ -1,8 +1,9 @@
 """OpenAI's response bodies and streaming chunks, for completions and chat completions.
 
 One ``Responder`` per request knows its id, model, kind and choice count, and turns engine events into the
-JSON a client expects: whole responses, ``data: {...}`` server-sent events, the usage chunk with empty
-``choices`` that ``stream_options.include_usage`` asks for, and the closing ``data: [DONE]``.
+JSON a client expects (each choice's ``logprobs`` in the endpoint's own shape): whole responses,
+``data: {...}`` server-sent events, the usage chunk with empty ``choices`` that ``stream_options.include_usage``
+asks for, and the closing ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import time
 
 from workbench.serve.errors import SERVER_ERROR, error_body
-from workbench.serve.streams import ChoiceDelta, StreamEvent, Usage
+from workbench.serve.streams import ChoiceDelta, LogprobEntry, StreamEvent, Usage
 
 DONE = "data: [DONE]\n\n"
 
@@ -20,12 +21,39 @@ def sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+# vLLM's floor for a log-probability in a response (JSON has no -inf).
+LOGPROB_FLOOR = -9999.0
+
+
+def _chat_token(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": max(logprob, LOGPROB_FLOOR), "bytes": list(token.encode("utf-8"))}
+
+
 class Responder:
     def __init__(self, request_id: str, model: str, *, chat: bool, n: int, include_usage: bool = False):
         self.request_id, self.model, self.chat, self.n = request_id, model, chat, n
         self.include_usage = include_usage
         self.created = int(time.time())
         self._opened = False  # the role chunks have been sent
+        self._text_offsets = [0] * n  # completions' logprobs.text_offset: where each choice's next token starts
+
+    def logprobs(self, index: int, entries: list[LogprobEntry] | None) -> dict | None:
+        """The ``logprobs`` object of one choice (or of one chunk of it), in the endpoint's own shape: chat's
+        ``{"content": [...]}`` or completions' parallel lists with text offsets."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [{**_chat_token(e.token, e.logprob),
+                                 "top_logprobs": [_chat_token(t, lp) for t, lp in e.top]} for e in entries]}
+        offsets = []
+        for e in entries:
+            offsets.append(self._text_offsets[index])
+            self._text_offsets[index] += len(e.token)
+        return {"tokens": [e.token for e in entries],
+                "token_logprobs": [max(e.logprob, LOGPROB_FLOOR) for e in entries],
+                "top_logprobs": [{**{t: max(lp, LOGPROB_FLOOR) for t, lp in e.top},
+                                  e.token: max(e.logprob, LOGPROB_FLOOR)} for e in entries],
+                "text_offset": offsets}
 
     def _envelope(self, object_: str, choices: list[dict]) -> dict:
         return {"id": self.request_id, "object": object_, "created": self.created, "model": self.model,
@@ -53,7 +81,7 @@ class Responder:
             body = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {}}
         else:
             body = {"index": delta.index, "text": delta.text}
-        body.update(logprobs=None, finish_reason=delta.finish_reason)
+        body.update(logprobs=self.logprobs(delta.index, delta.logprobs), finish_reason=delta.finish_reason)
         return body
 
     def events(self, event: StreamEvent) -> list[str]:
@@ -71,14 +99,16 @@ class Responder:
         return out
 
     # ---------------------------------------------------------------------------------------- whole body
-    def full(self, texts: list[str], finish_reasons: list[str | None], usage: Usage) -> dict:
+    def full(self, texts: list[str], finish_reasons: list[str | None], usage: Usage,
+             logprobs: list[list[LogprobEntry] | None] | None = None) -> dict:
         choices = []
+        logprobs = logprobs or [None] * len(texts)
         for index, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
             if self.chat:
                 choice = {"index": index, "message": {"role": "assistant", "content": text}}
             else:
                 choice = {"index": index, "text": text}
-            choice.update(logprobs=None, finish_reason=reason)
+            choice.update(logprobs=self.logprobs(index, logprobs[index]), finish_reason=reason)
             choices.append(choice)
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         body["usage"] = usage.to_dict()

@@ -7,9 +7,11 @@ work. ``null`` stands for "the default" in every optional field, as in vLLM. Ran
 when the request reaches it.
 
 vLLM's sampling extensions the engine can do exactly are honoured (``min_p``, ``min_tokens``, the repetition,
-frequency and presence penalties, ``stop_token_ids``, ``include_stop_str_in_output``, ``ignore_eos``, ``top_k``).
+frequency and presence penalties, ``stop_token_ids``, ``include_stop_str_in_output``, ``ignore_eos``,
+``top_k``), and so are OpenAI's ``logprobs`` / ``top_logprobs`` (the model's raw log-probabilities, as vLLM
+returns them by default).
 Nothing is dropped silently: every other field of vLLM's request schemas (0.10-0.11, as recalled here) that the
-engine does not honour (``VLLM_FIELDS_REFUSED``: logit bias, logprobs, tools, structured output, beam search,
+engine does not honour (``VLLM_FIELDS_REFUSED``: logit bias, prompt logprobs, tools, structured output, beam search,
 ...) is refused with a 400 naming it when it asks for anything but the neutral value, so a client
 never gets an answer it did not ask for.
 """
@@ -20,6 +22,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workbench.config import MAX_LOGPROBS
+
 # OpenAI accepts at most four stop sequences.
 MAX_STOP_SEQUENCES = 4
 
@@ -28,7 +32,7 @@ MAX_STOP_SEQUENCES = 4
 # that fill in every field); any other value is refused with a 400 that names the field.
 _OFF = (None, False, 0, 0.0, "", [], {})
 VLLM_FIELDS_REFUSED: dict[str, tuple] = {
-    "logit_bias": _OFF, "logprobs": (None, False), "top_logprobs": _OFF, "prompt_logprobs": _OFF,
+    "logit_bias": _OFF, "prompt_logprobs": _OFF,
     "length_penalty": (None, 1, 1.0), "use_beam_search": _OFF, "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True), "truncate_prompt_tokens": _OFF, "allowed_token_ids": _OFF,
     "bad_words": _OFF, "tools": _OFF, "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
@@ -116,10 +120,14 @@ class SamplingFields(_Request):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token (0: the token's own)
     echo: bool = False
     best_of: int | None = None
     suffix: str | None = None
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.best_of not in (None, 1, self.n):
@@ -152,9 +160,21 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
 
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs=true"
+        return super().unsupported()
 
 
 class TokenizeRequest(_Strict):

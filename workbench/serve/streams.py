@@ -10,9 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench.engine.outputs import RequestOutput
+from workbench.sampling import TokenLogprob
+
+
+@dataclass(slots=True, frozen=True)
+class LogprobEntry:
+    """One generated token's log-probability and its top alternatives, with their texts (for the response)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...]
 
 
 @dataclass(slots=True)
@@ -21,6 +32,7 @@ class ChoiceDelta:
     text: str
     num_tokens: int
     finish_reason: str | None = None
+    logprobs: list[LogprobEntry] | None = None  # one per new token, when the request asked for them
 
 
 @dataclass(slots=True)
@@ -75,10 +87,12 @@ class RequestStream:
 class DeltaTracker:
     """How much of each choice has been sent, so cumulative engine outputs become deltas."""
 
-    __slots__ = ("stream", "sent_tokens", "sent_chars", "done", "counted_prompt")
+    __slots__ = ("stream", "sent_tokens", "sent_chars", "done", "counted_prompt", "token_text")
 
-    def __init__(self, stream: RequestStream, num_choices: int):
+    def __init__(self, stream: RequestStream, num_choices: int, token_text: Callable[[int], str] | None = None):
+        """``token_text(id)``: one token's text, for the log-probabilities of requests that ask for them."""
         self.stream = stream
+        self.token_text = token_text
         self.sent_tokens = [0] * num_choices
         self.sent_chars = [0] * num_choices
         self.done = [False] * num_choices
@@ -92,11 +106,19 @@ class DeltaTracker:
             text = completion.text[self.sent_chars[i]:]
             closing = completion.finish_reason is not None and not self.done[i]
             if new_tokens or text or closing:
-                out.append(ChoiceDelta(i, text, new_tokens, completion.finish_reason))
+                out.append(ChoiceDelta(i, text, new_tokens, completion.finish_reason,
+                                       self._logprobs(completion.logprobs, self.sent_tokens[i])))
             self.sent_tokens[i] = len(completion.token_ids)
             self.sent_chars[i] = len(completion.text)
             self.done[i] = self.done[i] or closing
         return out
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, start: int) -> list[LogprobEntry] | None:
+        if logprobs is None or self.token_text is None:
+            return None
+        name = self.token_text
+        return [LogprobEntry(name(e.token_id), e.logprob, tuple((name(t), lp) for t, lp in e.top))
+                for e in logprobs[start:]]
 
     def close_all(self, reason: str) -> list[ChoiceDelta]:
         """Closing deltas for the choices still open, for a request ended outside a step (abort, shutdown)."""
