@@ -15,17 +15,16 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
 from browser_helpers import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, free_port, require_chromium
 from notebook_outputs import count_figures
+
+from workbench.fleet.processes import ChildProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("ch[0-9][0-9]_*.ipynb"))
@@ -52,7 +51,6 @@ def lab_server(tmp_path_factory):
     news.parent.mkdir(parents=True)
     news.write_text(json.dumps({"fetchNews": "false"}))  # no "get Jupyter news?" toast over the screenshot
     port, token = free_port(), secrets.token_hex(16)
-    log = (root / "server.log").open("w")
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
            f"--LabApp.workspaces_dir={root / 'workspaces'}", f"--LabApp.user_settings_dir={root / 'settings'}",
@@ -60,36 +58,15 @@ def lab_server(tmp_path_factory):
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if os.geteuid() == 0:  # CI containers run as root; JupyterLab refuses that without the flag
         cmd.append("--allow-root")
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / "runtime")}
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # Its own process group, SIGTERM then SIGKILL on the way out (it shuts its kernels down), at exit too.
+    server = ChildProcess("JupyterLab", cmd, env={"JUPYTER_RUNTIME_DIR": str(root / "runtime")}).start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as response:
-                    json.load(response)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("JupyterLab did not start:\n" + (root / "server.log").read_text()) from None
-                time.sleep(0.5)
+        server.wait_http(f"{base}/api/status?token={token}", time.monotonic() + 60)
         yield base, token, root
     finally:
-        _stop(server)
-        log.close()
-
-
-def _stop(server: subprocess.Popen) -> None:
-    """SIGTERM the server's process group (it shuts its kernels down), SIGKILL it if it hangs."""
-    if server.poll() is not None:
-        return
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=10)
+        server.stop(timeout_s=30)
+        server.close()
 
 
 @pytest.fixture(scope="module")
