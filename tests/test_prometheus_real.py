@@ -7,8 +7,8 @@ One live run serves both (a module fixture): Prometheus runs as a `workbench.fle
 process group, stopped with it, at exit too) on a free local port, with its own temporary storage and a
 one-second scrape interval. Template variables are replaced as Grafana would replace them. Left out, each named
 with its reason: our p99 TTFT against its own 1-hour baseline (offset 5 minutes: a test cannot wait an hour),
-and the vLLM expressions over series this server does not have (VLLM_ABSENT, each with why: HTTP route metrics,
-KV connectors and offloading, the multimodal cache, LoRA, sleep mode, opt-in block-residency and FLOPs metrics).
+and the vLLM expressions over series this server does not have (VLLM_ABSENT, each with why: KV connectors and
+offloading, the multimodal cache, LoRA, sleep mode, opt-in block-residency and FLOPs metrics).
 All expressions are evaluated at one instant just after the traffic, as one dashboard refresh would be.
 """
 
@@ -41,8 +41,6 @@ _CONNECTOR = "a KV connector's series (disaggregated prefill, cross-instance or 
 # Series vLLM's dashboards read that this server does not export, each with why; an expression over any of them is
 # not asked (and the test checks that /metrics really has none of them, so this list cannot hide a series we have).
 VLLM_ABSENT: dict[str, str] = {
-    "http_request": "vLLM's API-server HTTP route metrics (prometheus-fastapi-instrumentator), not engine series: "
-                    "workbench serve does not instrument its HTTP routes",
     "vllm:external_prefix_cache_": _CONNECTOR + " (vLLM's own panel is empty without one: queries stay 0)",
     "vllm:num_requests_kv_fetch_by_stage": _CONNECTOR,
     "vllm:nixl_": _CONNECTOR + " (NixlConnector)",

@@ -5,7 +5,9 @@
     GET  /v1/models             the one served model
     POST /tokenize              vLLM's tokenizer endpoint
     GET  /health                200 while the engine loop runs, 503 otherwise
-    GET  /metrics               Prometheus text exposition, vLLM's metric names
+    POST /detokenize            token ids back to text
+    GET  /version               the workbench's version
+    GET  /metrics               Prometheus text exposition, vLLM's metric names (and its HTTP route series)
 
 ``create_app`` wires an ``LLMEngine`` into an app whose lifespan starts and stops the ``EngineLoop``: the
 server adapts the engine, it does not schedule. With ``api_key`` every ``/v1`` route needs
@@ -21,6 +23,7 @@ from importlib.metadata import version as package_version
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_fastapi_instrumentator import Instrumentator
 
 from workbench.engine.llm_engine import LLMEngine
 from workbench.serve.anthropic_messages import hosted_router
@@ -30,6 +33,8 @@ from workbench.serve.generation import Generator
 from workbench.serve.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, check_api_key
 from workbench.serve.metrics import ServingMetrics
 from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+UNINSTRUMENTED_ROUTES = ("/metrics", "/health", "/version")
 
 
 def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: str | None = None,
@@ -57,6 +62,10 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
     app = FastAPI(title="KV Workbench", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine_loop = loop
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
+    # vLLM's HTTP route series (http_requests_total by handler and status, http_request_duration_seconds, sizes),
+    # from the library vLLM uses, into the same registry as the engine's series; the service routes excluded
+    # as vLLM excludes them.
+    Instrumentator(excluded_handlers=list(UNINSTRUMENTED_ROUTES), registry=loop.metrics.registry).add().instrument(app)
     install_error_handlers(app)
     generator = Generator(loop, model_name, max_context)
 
