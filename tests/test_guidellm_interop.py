@@ -19,6 +19,7 @@ port and is stopped at the end (at exit too). Without ``.venv-guidellm`` (its in
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from workbench.monitoring.promql import histogram_quantile
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
-WORKBENCH = ROOT / ".venv" / "bin" / "workbench"
+WORKBENCH = Path(sys.executable).with_name("workbench")  # the entry point of the venv running the tests
 TTFT = "vllm:time_to_first_token_seconds"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
