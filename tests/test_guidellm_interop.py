@@ -83,9 +83,10 @@ def _ttft_buckets(url: str) -> dict[float, float]:
 # write, the server at the parsed body, and the first event crosses from the engine thread to the event loop)
 # already make 20%; below 40 ms a bucket is half the value; above 0.1 s the next bucket is 150 ms wide. One request
 # at a time keeps queueing out, so both clocks measure the same thing. Other jobs on the machine can still push a
-# run up a bucket or two (per-request TTFT from 76 to 395 ms in one run): then it is calibrated and run once more,
-# and if the median is still in a coarse bucket the test can only check that guidellm's median falls in that bucket
-# (its bounds widened by 20%), and prints which check it made.
+# run up a bucket or two (per-request TTFT from 76 to 395 ms in one run; guidellm's own processes load the CPU too):
+# then it runs once more with the length rescaled by the first run's exact mean TTFT (the histogram's _sum over
+# _count), and if the median is still in a coarse bucket the test can only check that guidellm's median falls in
+# that bucket (its bounds widened by 20%), and prints which check it made.
 REQUESTS, OUTPUT_TOKENS, TARGET_TTFT_S = 20, 8, 0.075  # at the server
 FINE = (0.06, 0.1)  # 20 ms buckets where half a bucket is at most 1/6 of the value
 
@@ -120,9 +121,10 @@ def _prompt_tokens_for(url: str, target_s: float) -> int:
     return tokens
 
 
-def _guidellm_against(url: str, request_format: str, prompt_tokens: int, report: Path) -> tuple[dict, dict]:
-    """guidellm's metrics for one synchronous run, and the server's TTFT buckets for exactly that run."""
-    before = _ttft_buckets(url)
+def _guidellm_against(url: str, request_format: str, prompt_tokens: int,
+                      report: Path) -> tuple[dict, dict, float]:
+    """guidellm's metrics for one synchronous run; the server's TTFT buckets and exact mean TTFT for that run."""
+    before, before_sum = _ttft_buckets(url), _ttft_sum(url)
     log = _run("guidellm", [
         str(GUIDELLM), "run",
         "--backend", f"kind=openai_http,target={url},model={MODEL},request_format={request_format}",
@@ -131,12 +133,13 @@ def _guidellm_against(url: str, request_format: str, prompt_tokens: int, report:
         "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={OUTPUT_TOKENS}",
         "--tokenizer", f"kind=hf_auto,model={checkpoint_dir('smollm2-135m')}",
         "--output", f"kind=json,path={report}", "--disable-progress"], timeout_s=180)
-    after = _ttft_buckets(url)
+    after, after_sum = _ttft_buckets(url), _ttft_sum(url)
     assert report.exists(), f"guidellm wrote no report:\n{log[-4000:]}"
     (benchmark,) = json.loads(report.read_text())["benchmarks"]
     totals = benchmark["metrics"]["request_totals"]
     assert totals["errored"] == 0 and totals["incomplete"] == 0, (totals, log[-4000:])
-    return benchmark["metrics"], {le: after[le] - before.get(le, 0.0) for le in after}
+    run = {le: after[le] - before.get(le, 0.0) for le in after}
+    return benchmark["metrics"], run, (after_sum - before_sum) / max(run[float("inf")], 1)
 
 
 def _median_bucket(run: dict[float, float]) -> tuple[float, float]:
@@ -156,17 +159,20 @@ def test_guidellm_against_workbench_serve_agrees_with_the_servers_ttft_histogram
     with tiny_server() as server:
         _server_ttft(server.url, 256, 0)  # the first step pays one-time costs that are not TTFT
         # A second try only when the load on the machine moved TTFT out of the fine buckets; never on disagreement.
+        prompt_tokens, mean_s = _prompt_tokens_for(server.url, TARGET_TTFT_S), TARGET_TTFT_S
         for attempt in range(2):
-            prompt_tokens = _prompt_tokens_for(server.url, TARGET_TTFT_S)
-            metrics, run = _guidellm_against(server.url, request_format, prompt_tokens,
+            if attempt:  # rescaled from the first run's exact mean TTFT, taken while guidellm itself was running
+                prompt_tokens = int(min(2000, max(64, prompt_tokens * TARGET_TTFT_S / max(mean_s, 1e-3))))
+            metrics, run, mean_s = _guidellm_against(server.url, request_format, prompt_tokens,
                                              tmp_path / f"guidellm-{attempt}.json")
             lower, upper = _median_bucket(run)
+            server_ms = 1000 * histogram_quantile(0.5, run.items())
+            client_ms = metrics["time_to_first_token_ms"]["successful"]["median"]
+            print(f"{request_format} run {attempt + 1}, {prompt_tokens} prompt tokens: TTFT median guidellm "
+                  f"{client_ms:.1f} ms, server histogram {server_ms:.1f} ms (bucket {1000 * lower:g}-"
+                  f"{1000 * upper:g} ms; exact server mean {1000 * mean_s:.1f} ms)")
             if FINE[0] <= lower and upper <= FINE[1]:
                 break
-    server_ms = 1000 * histogram_quantile(0.5, run.items())
-    client_ms = metrics["time_to_first_token_ms"]["successful"]["median"]
-    print(f"{request_format}, {prompt_tokens} prompt tokens: TTFT median guidellm {client_ms:.1f} ms, server "
-          f"histogram {server_ms:.1f} ms (median bucket {1000 * lower:g}-{1000 * upper:g} ms)")
     assert metrics["request_totals"]["successful"] == REQUESTS, metrics["request_totals"]
     assert metrics["output_token_count"]["successful"]["median"] == OUTPUT_TOKENS  # ignore_eos honoured
     assert run[float("inf")] == REQUESTS, f"the server saw {run[float('inf')]} first tokens for {REQUESTS} requests"
