@@ -1,4 +1,4 @@
-"""A load generator written elsewhere, guidellm (pinned 0.8.1, in its own ``.venv-guidellm`` that ``make setup``
+"""A load generator written elsewhere, guidellm (pinned 0.8.1, in its own ``.venv-guidellm`` that ``make test``
 builds), checks our serving stack from the outside, in both directions:
 
 1. guidellm drives a live ``workbench serve`` on the completions and the chat-completions endpoints: no request
@@ -13,7 +13,7 @@ cannot: a field one side sends that the other refuses, a stream shape one side c
 a different moment. guidellm needs a tokenizer for its synthetic prompts; it gets the local SmolLM2 folder, with
 the Hugging Face hub switched off, so the test runs offline. Every process here runs on 127.0.0.1 on a free
 port and is stopped at the end (at exit too). Without ``.venv-guidellm`` (its install failed, or
-``make setup`` has not run) the module skips and says how to make it.
+``make test`` has not run) the module skips and says how to make it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFL
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 pytestmark = [pytest.mark.skipif(not GUIDELLM.exists(), reason="guidellm is not installed in .venv-guidellm "
-                                                               "(`make setup` or `make guidellm` installs it)"),
+                                                               "(`make test` or `make guidellm` installs it)"),
               pytest.mark.usefixtures("one_torch_thread")]
 
 
