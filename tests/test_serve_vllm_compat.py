@@ -234,3 +234,17 @@ def test_top_logprobs_without_logprobs_is_refused(server):
     assert response.status_code == 400 and response.json()["error"]["param"] == "top_logprobs"
     response = httpx.post(f"{server.url}{COMPLETIONS}", json={"model": MODEL, "prompt": "Hi", "logprobs": 21})
     assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(server):
+    """vLLM's ``stream_options.continuous_usage_stats`` (guidellm sends it): each chunk's usage counts the
+    tokens streamed up to it, and the closing usage chunk agrees with the last of them."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", f"{server.url}{COMPLETIONS}", json=body, timeout=120) as r:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines() if line.startswith("data: {")]
+    with_text = [c for c in chunks if c["choices"]]
+    counts = [c["usage"]["completion_tokens"] for c in with_text]
+    assert counts == sorted(counts) and counts[-1] == 5 and counts[0] >= 1, counts
+    assert {c["usage"]["prompt_tokens"] for c in with_text} == {chunks[-1]["usage"]["prompt_tokens"]}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5

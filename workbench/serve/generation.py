@@ -86,7 +86,8 @@ class Generator:
             return ids, fit_to_context(params, requested, len(ids), max_context, pool_tokens, prompt_field)
 
         stream = await _mapped(self.loop.add_request(request_id, admit, params.n, arrival))
-        responder = Responder(request_id, self.model_name, chat=chat, n=params.n, include_usage=body.include_usage)
+        responder = Responder(request_id, self.model_name, chat=chat, n=params.n, include_usage=body.include_usage,
+                              continuous_usage=body.continuous_usage, num_prompt_tokens=stream.num_prompt_tokens)
         if body.stream:
             return AbortOnClose(self._events(stream, responder), lambda: self._abort_unless_done(stream))
         return await self._whole(stream, responder, request)

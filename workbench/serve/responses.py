@@ -30,9 +30,15 @@ def _chat_token(token: str, logprob: float) -> dict:
 
 
 class Responder:
-    def __init__(self, request_id: str, model: str, *, chat: bool, n: int, include_usage: bool = False):
+    def __init__(self, request_id: str, model: str, *, chat: bool, n: int, include_usage: bool = False,
+                 continuous_usage: bool = False, num_prompt_tokens: int = 0):
+        """``continuous_usage`` (vLLM's ``stream_options.continuous_usage_stats``, with ``include_usage``): every
+        chunk carries the usage so far, counted from ``num_prompt_tokens`` and the tokens streamed."""
         self.request_id, self.model, self.chat, self.n = request_id, model, chat, n
         self.include_usage = include_usage
+        self.continuous_usage = include_usage and continuous_usage
+        self.num_prompt_tokens = num_prompt_tokens
+        self._streamed_tokens = 0
         self.created = int(time.time())
         self._opened = False  # the role chunks have been sent
         self._text_offsets = [0] * n  # completions' logprobs.text_offset: where each choice's next token starts
@@ -62,7 +68,9 @@ class Responder:
     # ------------------------------------------------------------------------------------------ streaming
     def _chunk(self, choices: list[dict]) -> dict:
         chunk = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
-        if self.include_usage:
+        if self.continuous_usage and choices:
+            chunk["usage"] = Usage(self.num_prompt_tokens, self._streamed_tokens, 0).to_dict(details=False)
+        elif self.include_usage:
             chunk["usage"] = None  # OpenAI: null on every chunk but the last
         return chunk
 
@@ -77,6 +85,7 @@ class Responder:
                                   "finish_reason": None}])) for i in range(self.n)]
 
     def _stream_choice(self, delta: ChoiceDelta) -> dict:
+        self._streamed_tokens += delta.num_tokens
         if self.chat:
             body = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {}}
         else:

@@ -41,10 +41,10 @@ class Usage:
     completion_tokens: int
     cached_tokens: int  # prompt tokens whose KV came from the prefix cache
 
-    def to_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+    def to_dict(self, details: bool = True) -> dict:
+        counts = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                  "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return {**counts, "prompt_tokens_details": {"cached_tokens": self.cached_tokens}} if details else counts
 
 
 @dataclass(slots=True)
