@@ -115,9 +115,9 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
         spec_k = self._spec_k(num_speculative_tokens)
-        if params.one_token_per_step:  # penalties, min_tokens or logprobs: see SamplingParams
+        if isinstance(params, SamplingParams) and params.one_token_per_step:  # (new_request refuses other types)  # penalties, min_tokens or logprobs: see SamplingParams
             spec_k = 0
         now = self.clock()
         if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31:
