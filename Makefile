@@ -63,7 +63,7 @@ test: setup guidellm
 	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
-	$(BIN)/pytest $(XDIST) -m "not slow and not browser and not notebook" $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m "not slow and not browser and not notebook and not external" $(PYTEST_ARGS)
 
 # The course site, from the stored notebooks (nothing is executed); offline: it fetches nothing at build or read
 # time. docs-serve serves it on http://127.0.0.1:8000 and rebuilds on change.

@@ -47,6 +47,7 @@ def running(pids: set[int]) -> set[int]:
     return alive
 
 
+@pytest.mark.external  # vllm-router
 def test_a_fleet_routes_a_request_and_leaves_no_process_behind():
     with Fleet(2, policy="round_robin", options=SMALL) as fleet:
         tree = process_tree(fleet.pids())

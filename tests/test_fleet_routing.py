@@ -12,6 +12,7 @@ from workbench.fleet.compare import run_policy
 from workbench.fleet.launcher import Fleet
 from workbench.lab.ch09 import runs as chapter
 
+pytestmark = pytest.mark.external  # vllm-router in front of two replicas of the real model
 
 @pytest.fixture(scope="module")
 def fleet():

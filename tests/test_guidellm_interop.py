@@ -39,7 +39,8 @@ TTFT = "vllm:time_to_first_token_seconds"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
-pytestmark = [pytest.mark.skipif(not GUIDELLM.exists(), reason="guidellm is not installed in .venv-guidellm "
+pytestmark = [pytest.mark.external,
+              pytest.mark.skipif(not GUIDELLM.exists(), reason="guidellm is not installed in .venv-guidellm "
                                                                "(`make test` or `make guidellm` installs it)"),
               pytest.mark.usefixtures("one_torch_thread")]
 

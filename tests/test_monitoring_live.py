@@ -33,6 +33,7 @@ def run(fault: bool):
     return watched, panel_frame(watched.samples, WINDOW_S)
 
 
+@pytest.mark.slow
 def test_alert_fires_on_a_long_prompt_burst_and_not_on_steady_load():
     watched, panels = run(fault=True)
     assert list(panels.columns) == list(PANELS)

@@ -57,8 +57,9 @@ VLLM_ABSENT: dict[str, str] = {
 }
 PROMETHEUS = shutil.which("prometheus")
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed (.ci/run "
-                                                          "installs it: apt-get install prometheus)")
+pytestmark = [pytest.mark.external,
+              pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is not installed (.ci/run "
+                                                            "installs it: apt-get install prometheus)")]
 
 
 def _start_prometheus(target: str, folder: Path) -> tuple[ChildProcess, str]:

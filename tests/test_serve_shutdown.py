@@ -31,6 +31,7 @@ def _read_stream(url: str, body: dict, events: list, first_chunk: threading.Even
                 first_chunk.set()
 
 
+@pytest.mark.slow
 def test_sigterm_drains_then_aborts_and_exits_cleanly():
     # int8 weights: the server's --weights reaches the engine (shutdown does not care which weights it serves).
     server = ServerProcess(["--num-blocks", "160", "--weights", "int8"], grace_s=GRACE_S)  # room for 2560 tokens

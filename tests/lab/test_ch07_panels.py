@@ -63,6 +63,7 @@ def test_sampling_lab():
     assert len(trace(lab.figure, "speculative samples (share)").x) == 36 and "p = " in lab.status.value
 
 
+@pytest.mark.slow
 def test_acceptance_and_batch_panels_and_the_closing_table(real_model, tokenizer, draft, forward_lab):
     acceptance = ch07.AcceptanceLab(real_model, tokenizer, draft, k=3, num_prompts=1, max_tokens=10).run()
     grounded = acceptance.result

@@ -10,6 +10,7 @@ from workbench.lab import ch09
 from workbench.lab.kit.closing import Verdict
 from workbench.lab.kit.figures import trace, trace_names
 
+pytestmark = pytest.mark.external  # vllm-router in front of real replicas
 
 @pytest.fixture(scope="module")
 def fleet():

@@ -117,7 +117,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = SamplingParams() if params is None else params
         spec_k = self._spec_k(num_speculative_tokens)
-        if isinstance(params, SamplingParams) and params.one_token_per_step:  # (new_request refuses other types)  # penalties, min_tokens or logprobs: see SamplingParams
+        # Penalties, min_tokens or logprobs (see SamplingParams); new_request refuses params of another type.
+        if isinstance(params, SamplingParams) and params.one_token_per_step:
             spec_k = 0
         now = self.clock()
         if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31:
