@@ -154,3 +154,15 @@ def test_requests_that_read_their_history_are_not_drafted(real_model, tokenizer)
         ours = spec.metrics.finished[-1].output_ids
         assert ours == plain.generate([OTHER], params, progress=False)[0].token_ids
     assert spec.requests == {} or all(r.finished for r in spec.requests.values())
+
+
+def test_the_single_sequence_loop_keeps_the_stop_string_when_asked(real_model, tokenizer):
+    """workbench.generation.generate builds its detokenizer from the params as the engine does."""
+    from workbench.generation import generate
+
+    text = generate(real_model, tokenizer, SKY, SamplingParams(max_tokens=12)).text
+    word = text.split()[2]
+    cut = generate(real_model, tokenizer, SKY, SamplingParams(max_tokens=12, stop=(word,))).text
+    kept = generate(real_model, tokenizer, SKY, SamplingParams(max_tokens=12, stop=(word,),
+                                                               include_stop_str_in_output=True)).text
+    assert kept == cut + word and text.startswith(kept)

@@ -243,6 +243,10 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def stop_ids(self, eos_ids: set[int] | frozenset[int]) -> set[int]:
+        """The token ids that end a sequence: ``stop_token_ids``, and the model's EOS unless ``ignore_eos``."""
+        return set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_ids))
+
     @property
     def one_token_per_step(self) -> bool:
         """True when this sequence must not be drafted for speculative decoding: its logits depend on the tokens

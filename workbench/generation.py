@@ -74,7 +74,7 @@ def stream_token_ids(model: LlamaModel, prompt_ids: list[int], params: SamplingP
     max_context = model.spec.max_context
     check_prompt_fits(len(prompt_ids), max_context)
     device = model.device
-    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+    stop_ids = params.stop_ids(eos_ids)
     budget = min(params.max_tokens, max_context - len(prompt_ids))
     generator = make_generator(params, device)
     tokens = torch.tensor(prompt_ids, dtype=torch.long, device=device)
@@ -113,9 +113,9 @@ def generate(model: LlamaModel, tokenizer, prompt: str | list[int], params: Samp
     params = params or SamplingParams()
     prompt_ids = encode_prompt(tokenizer, prompt, chat=chat)
     result = GenerationResult(prompt_ids=prompt_ids)
-    detok = IncrementalDetokenizer(tokenizer, params.stop)
+    detok = IncrementalDetokenizer.for_params(tokenizer, params)
     eos = eos_token_ids(tokenizer)
-    stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else eos)
+    stop_ids = params.stop_ids(eos)
     for event in stream_token_ids(model, prompt_ids, params, use_cache=use_cache, eos_ids=eos):
         result.token_ids.append(event.token_id)
         result.token_times_s.append(event.time_s)

@@ -17,6 +17,7 @@ step (``SamplingParams.one_token_per_step`` keeps such sequences out of speculat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
     logits = logits / params.temperature
     if params.min_p > 0:  # keep tokens with p >= min_p * p_max, i.e. logit >= max logit + log(min_p)
-        floor = logits.max(-1, keepdim=True).values + torch.log(torch.tensor(params.min_p))
+        floor = logits.max(-1, keepdim=True).values + math.log(params.min_p)
         logits = logits.masked_fill(logits < floor, float("-inf"))
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

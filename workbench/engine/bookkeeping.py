@@ -93,7 +93,8 @@ class Bookkeeper:
         raw = [rows[i].clone() if seq.params.logprobs is not None else None for i, seq in enumerate(seqs)]
         for i, seq in enumerate(seqs):
             if seq.params.reads_history:  # penalties, min_tokens
-                rows[i] = apply_history(rows[i], seq.params, seq.token_ids, seq.num_prompt_tokens, self._stop_ids(seq))
+                rows[i] = apply_history(rows[i], seq.params, seq.token_ids, seq.num_prompt_tokens,
+                                        seq.params.stop_ids(self.eos_ids))
         tokens = sample_batch(rows, [s.params for s in seqs], [s.generator for s in seqs])
         for seq, token, raw_row in zip(seqs, tokens, raw, strict=True):
             if raw_row is not None:
@@ -145,7 +146,7 @@ class Bookkeeper:
     def _append(self, seq: Sequence, token: int, now: float) -> bool:
         """Append one generated token; finish the sequence if it hit a stop condition (returns True then)."""
         seq.append_token(token, now)
-        stop_ids = self._stop_ids(seq)
+        stop_ids = seq.params.stop_ids(self.eos_ids)
         stopped_on_text = seq.detokenizer is not None and seq.detokenizer.stopped_on is not None
         if token in stop_ids or stopped_on_text:
             reason = FinishReason.STOP
@@ -155,9 +156,6 @@ class Bookkeeper:
             return False
         self.finish(seq, reason, now)
         return True
-
-    def _stop_ids(self, seq: Sequence) -> set[int]:
-        return set(seq.params.stop_token_ids) | (set() if seq.params.ignore_eos else self.eos_ids)
 
     def _release_unused_lookahead(self, seq: Sequence, lookahead: int) -> None:
         """Slots reserved beyond the known tokens for drafts that were rejected or never proposed."""

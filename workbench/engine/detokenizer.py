@@ -7,12 +7,20 @@ complete character, which keeps streamed output identical to decoding everything
 
 from __future__ import annotations
 
+from workbench.config import SamplingParams
+
 _INCOMPLETE = "\ufffd"  # what the tokenizer prints for a partial UTF-8 sequence
 
 
 class IncrementalDetokenizer:
     """``stop`` strings end the text (cut before the stop string, or after it with ``include_stop``); they are
     looked for only once more than ``min_tokens`` tokens are out (vLLM's rule)."""
+
+    @classmethod
+    def for_params(cls, tokenizer, params: SamplingParams) -> IncrementalDetokenizer:
+        """The detokenizer a request's ``params`` ask for: its stop strings, kept or cut, after min_tokens."""
+        return cls(tokenizer, params.stop, include_stop=params.include_stop_str_in_output,
+                   min_tokens=params.min_tokens)
 
     def __init__(self, tokenizer, stop: tuple[str, ...] = (), *, include_stop: bool = False, min_tokens: int = 0):
         self.tokenizer = tokenizer

@@ -91,8 +91,7 @@ def new_request(request_id: str, prompt: str | list[int], params: SamplingParams
             next(seq_ids), request_id, list(prompt_ids), seq_params, max_total, arrival_time, blocks=blocks,
             generator=make_generator(seq_params, device), spec_k=spec_k, spec_slots=spec_slots, priority=priority,
             queued_time=queued_time,
-            detokenizer=IncrementalDetokenizer(tokenizer, params.stop, include_stop=params.include_stop_str_in_output,
-                                               min_tokens=params.min_tokens) if tokenizer else None))
+            detokenizer=IncrementalDetokenizer.for_params(tokenizer, params) if tokenizer else None))
     return Request(request_id, prompt_ids, params, seqs)
 
 
