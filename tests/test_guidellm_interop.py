@@ -25,12 +25,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import MODEL, make_engine, running_server
 
 from workbench.fleet.processes import ChildProcess, free_port
 from workbench.models.registry import checkpoint_dir
 from workbench.monitoring.promql import histogram_quantile
+from workbench.monitoring.scrape import parse_exposition
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
@@ -63,16 +63,17 @@ def _run(name: str, command: list[str], timeout_s: float) -> str:
 # --- 1. guidellm against workbench serve ---------------------------------------------------------------------
 
 
-def _ttft_buckets(url: str) -> dict[float, float]:
-    """Cumulative count per upper bound ``le`` of the TTFT histogram (summed over label sets: one model here)."""
-    buckets: dict[float, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name == f"{TTFT}_bucket":
-                le = float(sample.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + sample.value
-    assert buckets, f"no {TTFT} histogram at {url}/metrics"
-    return buckets
+def _ttft_histogram(url: str) -> tuple[dict[float, float], float]:
+    """One scrape of the server's TTFT histogram: cumulative count per upper bound ``le`` (summed over label sets:
+    one model here) and the sum of all observations."""
+    buckets, total = {}, None
+    for _, name, le, _, value in parse_exposition(httpx.get(f"{url}/metrics", timeout=10).text, 0.0):
+        if name == f"{TTFT}_bucket":
+            buckets[le] = buckets.get(le, 0.0) + value
+        elif name == f"{TTFT}_sum":
+            total = (total or 0.0) + value
+    assert buckets and total is not None, f"no {TTFT} histogram at {url}/metrics"
+    return buckets, total
 
 
 # 16 requests, one at a time (guidellm's synchronous profile: no queueing, so both clocks time the same thing), on
@@ -91,7 +92,7 @@ PROMPTS = "prompt_tokens=400,prompt_tokens_stdev=200,prompt_tokens_min=100,promp
 
 def _guidellm_against(url: str, request_format: str, report: Path) -> tuple[dict, dict, float]:
     """guidellm's metrics for one run; the server's TTFT buckets and exact mean TTFT for that run."""
-    before, before_sum = _ttft_buckets(url), _ttft_sum(url)
+    before, before_sum = _ttft_histogram(url)
     log = _run("guidellm", [
         str(GUIDELLM), "run",
         "--backend", f"kind=openai_http,target={url},model={MODEL},request_format={request_format}",
@@ -100,21 +101,13 @@ def _guidellm_against(url: str, request_format: str, report: Path) -> tuple[dict
         "--data", f"kind=synthetic_text,{PROMPTS},output_tokens={OUTPUT_TOKENS}",
         "--tokenizer", f"kind=hf_auto,model={checkpoint_dir('smollm2-135m')}",
         "--output", f"kind=json,path={report}", "--disable-progress"], timeout_s=180)
-    after, after_sum = _ttft_buckets(url), _ttft_sum(url)
+    after, after_sum = _ttft_histogram(url)
     assert report.exists(), f"guidellm wrote no report:\n{log[-4000:]}"
     (benchmark,) = json.loads(report.read_text())["benchmarks"]
     totals = benchmark["metrics"]["request_totals"]
     assert totals["errored"] == 0 and totals["incomplete"] == 0, (totals, log[-4000:])
     run = {le: after[le] - before.get(le, 0.0) for le in after}
     return benchmark["metrics"], run, (after_sum - before_sum) / max(run[float("inf")], 1)
-
-
-def _ttft_sum(url: str) -> float:
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name == f"{TTFT}_sum":
-                return sample.value
-    raise AssertionError(f"no {TTFT}_sum at {url}/metrics")
 
 
 @pytest.mark.parametrize("request_format", ["/v1/completions", "/v1/chat/completions"])
@@ -129,7 +122,7 @@ def test_guidellm_against_workbench_serve_agrees_with_the_servers_ttft_histogram
     client_ms = metrics["time_to_first_token_ms"]["successful"]["median"]
     spread = sorted(le for le, count in run.items() if 0 < count < REQUESTS)  # bounds with samples on both sides
     print(f"{request_format}: TTFT median guidellm {client_ms:.1f} ms, server histogram {server_ms:.1f} ms "
-          f"(exact server mean {1000 * mean_s:.1f} ms; buckets the burst crossed: {spread})")
+          f"(exact server mean {1000 * mean_s:.1f} ms; buckets the TTFTs crossed: {spread})")
     assert metrics["request_totals"]["successful"] == REQUESTS, metrics["request_totals"]
     assert metrics["output_token_count"]["successful"]["median"] == OUTPUT_TOKENS  # ignore_eos honoured
     assert run[float("inf")] == REQUESTS, f"the server saw {run[float('inf')]} first tokens for {REQUESTS} requests"
