@@ -273,3 +273,21 @@ def test_bad_tree_masks_are_refused(change, message):
     for path in (paged_prefill_attention_triton, paged_prefill_attention_reference, paged_prefill_attention_cpu):
         with pytest.raises(ValueError, match=message):
             path(query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, scale, tree_mask=mask)
+
+
+@pytest.mark.parametrize(("q_len", "context_len"), [(1132, 1148), (96, 128), (200, 250), (49, 64), (40, 64)])
+def test_a_chunk_after_a_short_prefix_runs_causal_and_keeps_the_masked_paths_bits(q_len, context_len):
+    """The CPU path runs a chunk over at least PAD_TO_CAUSAL of its keys as the tail of a causal square (fewer
+    queries: the explicit mask); either way every row equals explicit-mask SDPA over the chunk, bit for bit."""
+    import torch.nn.functional as F
+
+    from workbench_kernels.paged_prefill_attention import PAD_TO_CAUSAL, _chunk_attention
+
+    gen = torch.Generator().manual_seed(q_len)
+    query = torch.randn(q_len, 9, 64, generator=gen)
+    keys, values = (torch.randn(1, 3, context_len, 64, generator=gen) for _ in range(2))
+    mask = torch.ones(q_len, context_len, dtype=torch.bool).tril(diagonal=context_len - q_len)
+    masked = F.scaled_dot_product_attention(query.transpose(0, 1)[None], keys, values, attn_mask=mask, scale=0.125,
+                                            enable_gqa=True)[0].transpose(0, 1)
+    got = _chunk_attention(query, keys, values, 0.125)
+    assert torch.equal(got, masked), (q_len >= PAD_TO_CAUSAL * context_len, (got - masked).abs().max())
