@@ -7,6 +7,12 @@ random weights built from any config in ``datasets/configs``.
 
 Weights are stored fused where that saves kernel launches on the hot path: q, k and v projections form one
 matrix, and so do the MLP's gate and up projections (`workbench.models.weights` maps Hugging Face names).
+
+On CUDA in 16-bit the same layer runs with fused kernels (``LlamaModel.fused_layer_ops``): the residual add and
+the norm after it in one launch, the rotation of q and k in place in the projection's output, SiLU and the
+product with ``up`` in one launch (`workbench_kernels.rms_norm`, ``rotary``, ``silu_mul``). They round every
+intermediate as the plain operations do; what they remove is launches, which is what a decode step of a small
+model costs on a GPU. Float32 and the CPU keep the plain operations, which are compared with transformers.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from workbench.config import ModelSpec
 from workbench.models.attention import AttentionBackend
 from workbench.models.cpu_linear import Linear
 from workbench.models.rope import RotaryEmbedding, apply_rope
+from workbench_kernels.rms_norm import rms_norm
+from workbench_kernels.rotary import rotary
+from workbench_kernels.silu_mul import silu_mul
 
 
 class DecoderLayer(nn.Module):
@@ -50,6 +59,26 @@ class DecoderLayer(nn.Module):
         gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
+    def forward_fused(self, delta: torch.Tensor, residual: torch.Tensor | None, tables: tuple[torch.Tensor, ...],
+                      layer: int, attention: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with the fused kernels, in the residual-stream form they need: takes the previous layer's
+        output ``delta`` not yet added to ``residual`` (None for the first layer, whose input is ``delta``) and
+        returns this layer's (delta, residual); the residual stream after the layer is their sum."""
+        t = delta.shape[0]
+        if residual is None:
+            residual, h = delta, rms_norm(delta, self.input_norm, self.eps)
+        else:
+            h = rms_norm(delta, self.input_norm, self.eps, residual)  # residual += delta, in place
+        qkv = self.qkv_proj(h)
+        positions, cos, sin = tables
+        rotary(qkv, positions, cos, sin, num_heads=self.num_heads + self.num_kv_heads, head_dim=self.head_dim)
+        q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size: self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size:].view(t, self.num_kv_heads, self.head_dim)
+        attn = attention(layer, q, k, v)
+        h = rms_norm(self.o_proj(attn.reshape(t, self.q_size)), self.post_attention_norm, self.eps, residual)
+        return self.down_proj(silu_mul(self.gate_up_proj(h))), residual
+
 
 class LlamaModel(nn.Module):
     """Embedding, decoder layers, final norm and LM head over a flat batch of tokens."""
@@ -66,6 +95,9 @@ class LlamaModel(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight  # tied: one tensor, two uses
         self.rope = RotaryEmbedding(spec.head_dim, spec.rope_theta, min(spec.max_context, 4096))
         self.attention_scale = spec.head_dim ** -0.5
+        # The fused kernels on CUDA in 16-bit (see the module docstring); False runs the plain operations there
+        # too, which is how a benchmark measures what fusing saves.
+        self.fused_layer_ops = True
 
     # nn.Module.to() knows neither the rope tables (plain float32 tensors on purpose: they are not weights)
     # nor the packed CPU weights (derived data), so moving the model refreshes both.
@@ -116,6 +148,8 @@ class LlamaModel(nn.Module):
         if any(not 0 <= t < self.spec.num_layers for t in taps) or list(taps) != sorted(set(taps)):
             raise ValueError(f"taps {taps} must name distinct layers 0..{self.spec.num_layers - 1} in order")
         x = self.embed_tokens(input_ids)
+        if self.runs_fused(x):
+            return self._forward_fused(x, positions, attention, taps)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         tapped = []
         for i, layer in enumerate(self.layers):
@@ -123,6 +157,22 @@ class LlamaModel(nn.Module):
             if i in taps:
                 tapped.append(F.rms_norm(x, (x.shape[-1],), None, self.spec.rms_norm_eps))
         hidden = F.rms_norm(x, (x.shape[-1],), self.norm, self.spec.rms_norm_eps)
+        return hidden, torch.cat(tapped, dim=-1) if tapped else None
+
+    def runs_fused(self, x: torch.Tensor) -> bool:
+        """Whether a forward over activations like ``x`` takes the fused kernels."""
+        return self.fused_layer_ops and x.is_cuda and x.dtype in (torch.float16, torch.bfloat16)
+
+    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend,
+                       taps: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        eps = self.spec.rms_norm_eps
+        tables = (positions, *self.rope.tables(positions))
+        delta, residual, tapped = x, None, []
+        for i, layer in enumerate(self.layers):
+            delta, residual = layer.forward_fused(delta, residual, tables, i, attention)
+            if i in taps:
+                tapped.append(F.rms_norm(residual + delta, (x.shape[-1],), None, eps))
+        hidden = rms_norm(delta, self.norm, eps, residual)
         return hidden, torch.cat(tapped, dim=-1) if tapped else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

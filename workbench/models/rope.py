@@ -38,14 +38,23 @@ class RotaryEmbedding:
         if max_positions > self._cos.shape[0]:
             self._build(max_positions, self._cos.device)
 
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole float32 cos and sin tables ([positions, head_dim]), grown first to cover ``positions`` (the
+        fused rotary kernel looks its rows up itself; see `cos_sin` on growing while a graph is captured)."""
+        self._grow_for(positions)
+        return self._cos, self._sin
+
+    def _grow_for(self, positions: torch.Tensor) -> None:
+        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()
+        if positions.numel() and not capturing and int(positions.max()) >= self._cos.shape[0]:
+            self._build(max(int(positions.max()) + 1, 2 * self._cos.shape[0]), self._cos.device)
+
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin rows for ``positions`` ([T] int64), shaped [T, 1, head_dim] to broadcast over heads.
 
         Grows the tables when a position passes them, which reads the largest position back to the host; while
         a CUDA graph is being captured that read is not allowed, and the graph's owner has called `reserve`."""
-        capturing = positions.is_cuda and torch.cuda.is_current_stream_capturing()
-        if positions.numel() and not capturing and int(positions.max()) >= self._cos.shape[0]:
-            self._build(max(int(positions.max()) + 1, 2 * self._cos.shape[0]), self._cos.device)
+        self._grow_for(positions)
         cos = self._cos.index_select(0, positions).unsqueeze(1)
         sin = self._sin.index_select(0, positions).unsqueeze(1)
         return cos.to(dtype), sin.to(dtype)
