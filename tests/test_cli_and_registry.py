@@ -45,7 +45,8 @@ def test_missing_model_names_the_command_to_fetch_it(tmp_path, monkeypatch):
 
 def test_every_config_reads_and_counts_parameters():
     expected_billions = {"llama-3-8b": 8.03, "llama-3-70b": 70.55, "llama-2-70b": 68.98, "llama-2-7b": 6.74,
-                         "mistral-7b": 7.24, "qwen2.5-7b": 7.62, "smollm2-135m": 0.1345}
+                         "mistral-7b": 7.24, "qwen2.5-7b": 7.62, "smollm2-135m": 0.1345,
+                         "llama-3.1-8b": 8.03, "llama-3.1-70b": 70.55}
     assert set(workbench.config_names()) == set(expected_billions)
     for name, billions in expected_billions.items():
         assert workbench.model_spec(name).num_parameters() / 1e9 == pytest.approx(billions, rel=0.01), name

@@ -19,7 +19,7 @@ from workbench.cache.sizing import (
 HAND = {
     "smollm2-135m": (30, 3, 64), "llama-3-8b": (32, 8, 128), "llama-3-70b": (80, 8, 128),
     "llama-2-70b": (80, 8, 128), "llama-2-7b": (32, 32, 128), "mistral-7b": (32, 8, 128),
-    "qwen2.5-7b": (28, 4, 128),
+    "qwen2.5-7b": (28, 4, 128), "llama-3.1-8b": (32, 8, 128), "llama-3.1-70b": (80, 8, 128),
 }
 
 

@@ -45,7 +45,11 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--model", default="smollm2-135m",
                       help="a real model or any architecture in datasets/configs")
     info.add_argument("--device", default=None)
-    info.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    info.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                      help="KV and weight dtype (default: float32, the CPU engine's, for models it runs; the "
+                           "checkpoint's for architectures it only sizes)")
+    info.add_argument("--context", type=int, default=None, metavar="N",
+                      help="context for the per-sequence KV lines (default: the model's max_position_embeddings)")
     info.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="weight format for the sizes shown")
     info.add_argument("--tensor-parallel", "-tp", type=int, default=1, metavar="N",
                       help="split KV heads across N GPUs (replicated past the number of KV heads)")
@@ -95,19 +99,33 @@ def _generate(args: argparse.Namespace) -> None:
 
 
 def _info(args: argparse.Namespace) -> None:
+    from workbench.cache.kv_layout import kv_layout, layout_from_spec
     from workbench.cache.sizing import kv_bytes_per_token, weight_bytes
     from workbench.models import checkpoint_dir, default_device, model_spec
     from workbench.models.convert import PROVENANCE_FILE
-    from workbench.models.registry import REAL_MODELS
+    from workbench.models.registry import REAL_MODELS, config_names
 
-    spec = model_spec(args.model)
+    if args.context is not None and args.context < 1:
+        raise ValueError(f"--context must be >= 1, got {args.context}")
     device = torch.device(args.device) if args.device else default_device()
-    dtype = DTYPES[args.dtype]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
+    if args.model.lower() not in REAL_MODELS and args.model not in config_names():
+        layout = kv_layout(args.model)  # sized, not run: MLA, linear attention, MoE
+        dtype_name = args.dtype or layout.checkpoint_dtype
+        rows = [("device", name), ("dtype", dtype_name), ("model", layout.name),
+                ("architecture", f"{layout.model_type}: {layout.num_layers} layers, {layout.num_query_heads} query "
+                                 "heads"), ("max context", layout.max_position_embeddings)]
+        rows += _group_rows(layout, args, DTYPES[dtype_name])
+        rows.append(("weights", "architecture only: sized here, not run by this engine"))
+        _print_rows(rows)
+        return
+    spec = model_spec(args.model)
+    dtype_name = args.dtype or "float32"
+    dtype = DTYPES[dtype_name]
     per_token = kv_bytes_per_token(spec, dtype)
     rows = [
         ("device", name),
-        ("dtype", args.dtype),
+        ("dtype", dtype_name),
         ("model", spec.name),
         ("parameters", f"{spec.num_parameters() / 1e6:,.1f} M"),
         ("weight bytes", f"{weight_bytes(spec, dtype, args.weights) / 2**20:,.1f} MiB (weights {args.weights})"),
@@ -120,6 +138,8 @@ def _info(args: argparse.Namespace) -> None:
         ("KV bytes per token", f"{per_token:,} B ({per_token / 1024:.1f} KiB)"),
         ("KV bytes at max context", f"{per_token * spec.max_context / 2**20:,.1f} MiB per sequence"),
     ]
+    if len(layout_from_spec(spec).groups) > 1 or spec.sliding_window is not None or args.context is not None:
+        rows += _group_rows(layout_from_spec(spec), args, dtype)
     rows += _parallel_rows(spec, args, dtype)
     if spec.name in REAL_MODELS or args.model in REAL_MODELS:
         path = checkpoint_dir(args.model)
@@ -127,9 +147,37 @@ def _info(args: argparse.Namespace) -> None:
         rows.append(("weights", str(path) if ready else "not converted yet: run `make model`"))
     else:
         rows.append(("weights", "architecture only (random weights via workbench.random_model)"))
+    _print_rows(rows)
+
+
+def _print_rows(rows: list[tuple[str, object]]) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+
+
+def _group_rows(layout, args: argparse.Namespace, dtype: torch.dtype) -> list[tuple[str, str]]:
+    """KV by layer group (`workbench.cache.layout_sizing`): bytes per token of each, on one GPU under TP, and
+    the per-sequence total at the context asked for."""
+    from workbench.cache.layout_sizing import group_rows
+
+    context = args.context or layout.max_position_embeddings
+    tp = args.tensor_parallel
+    frame = group_rows(layout, context, kv_format=dtype, state_dtype=dtype, tp=tp)
+    on = f" per GPU (TP {tp})" if tp > 1 else ""
+    rows = []
+    for group, row in frame.drop(index="total").iterrows():
+        kept = (f"{row.state_bytes_per_sequence:,} B of state per sequence" if row.bytes_per_token == 0
+                else f"{row.bytes_per_token:,} B per token, {row.cached_tokens:,} tokens kept")
+        rows.append((f"KV group {group}", f"{row['layers']} layers, {row['shape']}: {kept}{on}"))
+    total = int(frame.loc["total", "bytes_per_sequence"])
+    rows.append((f"KV per sequence at {context:,}", f"{total:,} B ({total / 2**30:,.3f} GiB){on}"))
+    if tp > 1 and layout.group("mla") is not None:
+        rows.append(("MLA under TP", "the latent is one head every query head reads: each rank caches all of it "
+                                     "(TP splits the query heads, not the cache)"))
+    if layout.sinks:
+        rows.append(("attention sinks", layout.sinks))
+    return rows
 
 
 def _parallel_rows(spec, args: argparse.Namespace, dtype: torch.dtype) -> list[tuple[str, str]]:

@@ -21,11 +21,29 @@ from workbench_kernels.kv_quant import KV_FORMATS
 # Model families whose checkpoints this forward pass reads. They differ only in which projections carry a
 # bias and whether attention uses a sliding window; everything else is the Llama block.
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# Per-layer attention types, named as transformers' ``layer_types`` names them (Gemma 3, gpt-oss, Qwen2, ...).
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# RoPE variants the forward pass implements: the plain one, and Llama 3.1's frequency scaling for 128K contexts.
+ROPE_TYPES = ("default", "llama3")
 
 
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
+
+
+# vLLM's temperature rules (its SamplingParams: _SAMPLING_EPS, _MAX_TEMP): below GREEDY_BELOW_TEMPERATURE sampling
+# is greedy (the limit T -> 0); up to MIN_SAMPLING_TEMPERATURE it is raised to that, because logits / T overflow
+# float32 for a tiny T and the request's row of the batch would be NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+MIN_SAMPLING_TEMPERATURE = 1e-2
+
+
+def effective_temperature(temperature: float) -> float:
+    """The temperature the sampler uses for a requested one (0 = greedy); see the constants above."""
+    if temperature < GREEDY_BELOW_TEMPERATURE:
+        return 0.0
+    return max(temperature, MIN_SAMPLING_TEMPERATURE)
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,6 +67,11 @@ class ModelSpec:
     sliding_window: int | None = None
     model_type: str = "llama"
     checkpoint_dtype: str = "bfloat16"
+    # Which layers attend within ``sliding_window`` and which over everything (LAYER_TYPES, one per layer). None
+    # keeps the older whole-model reading: every layer slides when ``sliding_window`` is set.
+    layer_types: tuple[str, ...] | None = None
+    # Llama 3.1's RoPE scaling: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings).
+    rope_scaling: tuple[float, float, float, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -65,6 +88,22 @@ class ModelSpec:
                  f"model_type {self.model_type!r} is not supported; choose one of {SUPPORTED_MODEL_TYPES}")
         if self.sliding_window is not None:
             _require(self.sliding_window >= 1, f"sliding_window must be >= 1 or None, got {self.sliding_window}")
+        self._check_layer_types()
+        if self.rope_scaling is not None:
+            factor, low, high, original = self.rope_scaling
+            _require(factor >= 1 and 0 < low < high and original >= 1,
+                     f"rope_scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings) "
+                     f"needs factor >= 1, 0 < low < high and original >= 1, got {self.rope_scaling}")
+
+    def _check_layer_types(self) -> None:
+        if self.layer_types is None:
+            return
+        types = tuple(self.layer_types)
+        object.__setattr__(self, "layer_types", types)
+        _require(len(types) == self.num_layers and all(t in LAYER_TYPES for t in types),
+                 f"layer_types must name one of {LAYER_TYPES} for each of the {self.num_layers} layers, got {types!r}")
+        _require("sliding_attention" not in types or self.sliding_window is not None,
+                 "layer_types has sliding_attention layers but sliding_window is None: give the window's length")
 
     # ----------------------------------------------------------------------------------------------------
     @classmethod
@@ -75,13 +114,17 @@ class ModelSpec:
                  f"model_type {model_type!r} is not supported; choose one of {SUPPORTED_MODEL_TYPES}")
         rope_scaling = config.get("rope_scaling")
         rope_params = config.get("rope_parameters") or {}
-        rope_type = (rope_scaling or {}).get("rope_type") or rope_params.get("rope_type") or "default"
-        _require(rope_type == "default",
-                 f"rope type {rope_type!r} is not supported by this forward pass; only 'default' RoPE is")
+        scaling = rope_scaling or rope_params
+        rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+        _require(rope_type in ROPE_TYPES,
+                 f"rope type {rope_type!r} is not supported by this forward pass; choose one of {ROPE_TYPES}")
         num_heads = config["num_attention_heads"]
         sliding = config.get("sliding_window")
         if model_type == "qwen2" and not config.get("use_sliding_window", False):
             sliding = None
+        layer_types = config.get("layer_types")
+        if sliding is None or not layer_types or "sliding_attention" not in layer_types:
+            layer_types = None  # no layer slides: the plain whole-model path
         attention_bias = bool(config.get("attention_bias", False))
         return cls(
             name=name or config.get("_name_or_path") or model_type,
@@ -102,6 +145,10 @@ class ModelSpec:
             sliding_window=sliding,
             model_type=model_type,
             checkpoint_dtype=str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"),
+            layer_types=None if layer_types is None else tuple(layer_types),
+            rope_scaling=None if rope_type != "llama3" else (
+                float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
+                int(scaling["original_max_position_embeddings"])),
         )
 
     @classmethod
@@ -131,6 +178,12 @@ class ModelSpec:
         if self.sliding_window is not None:
             config["sliding_window"] = self.sliding_window
             config["use_sliding_window"] = True
+        if self.layer_types is not None:
+            config["layer_types"] = list(self.layer_types)
+        if self.rope_scaling is not None:
+            factor, low, high, original = self.rope_scaling
+            config["rope_scaling"] = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                                      "high_freq_factor": high, "original_max_position_embeddings": original}
         return config
 
     def replace(self, **changes: Any) -> ModelSpec:
@@ -152,11 +205,20 @@ class ModelSpec:
         return "MQA" if self.num_kv_heads == 1 else "GQA"
 
     @property
-    def max_context(self) -> int:
-        """Longest context this engine serves: the position limit, and the window for sliding-window models.
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's attention window (None: the layer attends over the whole context)."""
+        if self.layer_types is None:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in self.layer_types)
 
-        The engine keeps every token's KV and attends over all of it, which is only the model's own
-        attention while the context fits inside its window."""
+    @property
+    def max_context(self) -> int:
+        """Longest context every forward path here serves exactly: the position limit, and the window for
+        sliding-window models.
+
+        The contiguous and no-cache paths keep every token's KV and attend over all of it, which is only the
+        model's own attention while the context fits inside its window. With per-layer ``layer_types`` the paged
+        engine masks each window itself (`workbench.cache.kv_groups`) and serves ``max_position_embeddings``."""
         if self.sliding_window is None:
             return self.max_position_embeddings
         return min(self.max_position_embeddings, self.sliding_window)
@@ -184,7 +246,8 @@ MAX_LOGPROBS = 20
 class SamplingParams:
     """How to pick each next token, and when to stop.
 
-    ``temperature == 0`` is greedy decoding. ``top_k == 0`` and ``top_p == 1`` switch those filters off.
+    ``temperature == 0`` is greedy decoding, and so is any temperature below 1e-5; one in [1e-5, 1e-2) is raised
+    to 1e-2 (vLLM's rules, `effective_temperature`). ``top_k == 0`` and ``top_p == 1`` switch those filters off.
     With a ``seed`` the draws are reproducible per request, whatever else shares the batch.
     """
 
@@ -212,6 +275,7 @@ class SamplingParams:
         _require(isinstance(self.temperature, int | float) and math.isfinite(self.temperature)
                  and self.temperature >= 0,
                  f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        object.__setattr__(self, "temperature", effective_temperature(self.temperature))
         _require(isinstance(self.top_k, int) and self.top_k >= 0,
                  f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         _require(isinstance(self.top_p, int | float) and 0 < self.top_p <= 1,

@@ -80,10 +80,13 @@ def cached_tokens(spec: ModelSpec, context_len: int) -> int:
 
 def kv_bytes(spec: ModelSpec, context_len: int, batch: int = 1, kv_format: str | torch.dtype = torch.bfloat16,
              model_dtype: torch.dtype = torch.float32) -> int:
-    """KV bytes for ``batch`` sequences of ``context_len`` tokens each."""
+    """KV bytes for ``batch`` sequences of ``context_len`` tokens each, each layer keeping what its own window
+    lets it (``ModelSpec.layer_windows``)."""
     if context_len < 0 or batch < 0:
         raise ValueError(f"context_len and batch must be >= 0, got {context_len} and {batch}")
-    return batch * cached_tokens(spec, context_len) * kv_bytes_per_token(spec, kv_format, model_dtype)
+    per_layer = kv_bytes_per_token(spec, kv_format, model_dtype) // spec.num_layers
+    kept = sum(context_len if w is None else min(context_len, w) for w in spec.layer_windows)
+    return batch * kept * per_layer
 
 
 def weight_bytes(spec: ModelSpec, dtype: torch.dtype | str = torch.bfloat16, weight_format: str = "auto") -> int:

@@ -93,7 +93,8 @@ class LlamaModel(nn.Module):
         if spec.tie_word_embeddings:
             del self.lm_head.weight
             self.lm_head.weight = self.embed_tokens.weight  # tied: one tensor, two uses
-        self.rope = RotaryEmbedding(spec.head_dim, spec.rope_theta, min(spec.max_context, 4096))
+        self.rope = RotaryEmbedding(spec.head_dim, spec.rope_theta, min(spec.max_context, 4096),
+                                    scaling=spec.rope_scaling)
         self.attention_scale = spec.head_dim ** -0.5
         # The fused kernels on CUDA in 16-bit (see the module docstring); False runs the plain operations there
         # too, which is how a benchmark measures what fusing saves.

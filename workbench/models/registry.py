@@ -10,12 +10,13 @@ Two kinds of model exist in the workbench:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from workbench.config import ModelSpec
+from workbench.config import SUPPORTED_MODEL_TYPES, ModelSpec
 from workbench.models.convert import FETCH_COMMAND, PROVENANCE_FILE, ModelNotFoundError, convert_smollm2
 from workbench.models.int8_linear import check_weight_format, quantize_model_weights
 from workbench.models.llama import LlamaModel
@@ -38,9 +39,18 @@ REAL_MODELS = {
 _ALIASES = {"smollm2-135m-instruct": "smollm2-135m", "smollm2": "smollm2-135m"}
 
 
-def config_names() -> list[str]:
-    """Architectures available for sizing and random-weight models (files in datasets/configs)."""
+def architecture_names() -> list[str]:
+    """Every architecture in datasets/configs, including the ones only sized, not run (MLA, linear attention,
+    MoE: `workbench.cache.kv_layout`)."""
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.json"))
+
+
+def config_names() -> list[str]:
+    """Architectures this forward pass builds, for sizing and random-weight models (Llama-family files in
+    datasets/configs)."""
+    return [name for name in architecture_names()
+            if json.loads((CONFIGS_DIR / f"{name}.json").read_text()).get("model_type", "llama")
+            in SUPPORTED_MODEL_TYPES]
 
 
 def _real(name: str) -> RealModel:
@@ -57,6 +67,9 @@ def model_spec(name: str) -> ModelSpec:
     path = CONFIGS_DIR / f"{stem}.json"
     if not path.is_file():
         raise ValueError(f"unknown architecture {name!r}: choose one of {config_names()}")
+    if stem not in config_names():
+        raise ValueError(f"{name!r} is not a Llama-family architecture this forward pass builds; its KV cache is "
+                         f"sized by workbench.cache.kv_layout.kv_layout({name!r}). Buildable: {config_names()}")
     return ModelSpec.from_json(path, name=stem)
 
 

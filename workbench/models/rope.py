@@ -3,23 +3,46 @@
 Kept apart from the model because every attention path (no cache, contiguous cache, paged cache, speculative
 verification) must rotate keys by their *absolute* position: the cos/sin table is indexed by positions the
 caller supplies, never by a token's index inside the current batch.
+
+Llama 3.1 stretches its 8K-trained RoPE to 128K by rescaling frequencies (``rope_type: llama3``): wavelengths
+longer than ``original / low_freq_factor`` are divided by ``factor``, those shorter than ``original /
+high_freq_factor`` are kept, and the band between is interpolated smoothly (Meta's Llama 3.1 reference code;
+transformers' ``_compute_llama3_parameters`` computes the same).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max_positions: int) -> torch.Tensor:
+    """Llama 3.1's rescaled inverse frequencies (see the module docstring)."""
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original_max_positions / low_freq_factor, original_max_positions / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_positions / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
 
 
 class RotaryEmbedding:
     """cos/sin tables for positions ``0 .. max_positions-1``, computed once in float32 and grown on demand."""
 
-    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device | str = "cpu"):
+    def __init__(self, head_dim: int, theta: float, max_positions: int, device: torch.device | str = "cpu",
+                 scaling: tuple[float, float, float, int] | None = None):
+        """``scaling``: Llama 3.1's (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
         self.head_dim = head_dim
         self.theta = theta
         # Same formula as the reference implementation, so fp32 logits agree to rounding.
         # Explicit CPU devices: models are built under a meta-device context, which must not catch these tables.
         steps = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float()
         self.inv_freq = 1.0 / (theta ** (steps / head_dim))
+        if scaling is not None:
+            self.inv_freq = llama3_inv_freq(self.inv_freq, *scaling)
         self._cos = self._sin = torch.empty(0, device="cpu")
         self._build(max_positions, torch.device(device))
 
