@@ -113,6 +113,57 @@ def test_speculative_decoding_on_cuda_keeps_greedy_tokens():
     assert _run(engine, prompts, 32) == plain
 
 
+def _bf16_model(arch: str = "smollm2-135m", heads: tuple[int, int] = (9, 3)):
+    spec = workbench.model_spec(arch).replace(num_heads=heads[0], num_kv_heads=heads[1], hidden_size=64 * heads[0],
+                                              **{**SHAPES, "num_layers": 4})
+    return workbench.random_model(spec, device="cuda", dtype=torch.bfloat16, seed=3, std=0.1), spec
+
+
+@torch.inference_mode()
+def test_fused_layer_ops_give_the_plain_layers_logits_in_bfloat16():
+    """The fused kernels round as the plain operations do; what can differ is the norm's summation order and
+    exp/rsqrt in the last float32 bit, so the logits agree to bf16 rounding and the greedy tokens agree."""
+    from workbench.models.attention import NoCacheAttention
+
+    model, spec = _bf16_model()
+    ids = torch.randint(0, spec.vocab_size, (70,), generator=torch.Generator().manual_seed(0)).cuda()
+    positions = torch.cat([torch.arange(40), torch.arange(30)]).cuda()
+    attention = NoCacheAttention([40, 30], model.attention_scale)
+    model.fused_layer_ops = False
+    plain = model.compute_logits(model(ids, positions, attention))
+    model.fused_layer_ops = True
+    fused = model.compute_logits(model(ids, positions, attention))
+    scale = float(plain.abs().max())
+    assert float((plain - fused).abs().max()) <= 0.03 * scale, float((plain - fused).abs().max()) / scale
+    assert float((plain.argmax(-1) == fused.argmax(-1)).float().mean()) >= 0.97
+
+
+def test_a_graphed_decode_step_waits_for_the_device_only_for_its_tokens():
+    """Between replays the host builds the next batch in pinned memory and copies it without waiting; the one
+    synchronising call per step is reading the sampled tokens back (torch's sync debug mode counts them)."""
+    import warnings
+
+    model, spec = _bf16_model()
+    engine = _engine(model, graphs=True)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in _prompts(spec.vocab_size):
+        engine.add_request(prompt, params, chat=False)
+    for _ in range(12):  # prefill, then a few decode steps (the graph is captured on the first)
+        engine.step()
+    steps = 6
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(steps):
+                assert engine.step(), "the engine ran out of work"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= steps, syncs
+    assert engine.runner.graphs.captured_sizes == [8]
+
+
 @pytest.fixture(scope="module")
 def real_cuda():
     from workbench.models.registry import checkpoint_dir

@@ -86,14 +86,34 @@ class PagedBatch:
     metadata: PagedBatchMetadata
     first_rows: list[int]  # first row of each entry, indexed like the caller's entries
 
+    def to(self, device: torch.device) -> PagedBatch:
+        """The same batch on ``device`` (copies from pinned host memory do not wait for the device)."""
+        if self.input_ids.device == device:
+            return self
+        meta = self.metadata
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        moved = PagedBatchMetadata(move(meta.slot_mapping), move(meta.block_tables), move(meta.context_lens),
+                                   move(meta.query_start_loc), meta.num_decode_seqs, move(meta.tree_mask))
+        return PagedBatch(move(self.input_ids), move(self.positions), moved, self.first_rows)
+
 
 def decodes_first(entries: list[BatchEntry]) -> list[int]:
     """Indices of ``entries`` in batch order: decode entries first, each group in the caller's order."""
     return sorted(range(len(entries)), key=lambda i: not entries[i].is_decode)
 
 
-def build_paged_batch(blocks: BlockManager, entries: list[BatchEntry], device: torch.device) -> PagedBatch:
-    """Flat ids, positions and paged metadata for ``entries`` (every position's slot already reserved)."""
+def build_paged_batch(blocks: BlockManager, entries: list[BatchEntry], device: torch.device, *,
+                      on_host: bool = False) -> PagedBatch:
+    """Flat ids, positions and paged metadata for ``entries`` (every position's slot already reserved).
+
+    ``on_host``: leave the tensors in host memory (pinned where CUDA is present), for a caller that copies them
+    into buffers of its own without waiting for the device (`workbench.engine.cuda_graphs`); ``PagedBatch.to``
+    moves them later if needed. Otherwise they are built on ``device``: from pinned memory on CUDA, so building
+    a batch never makes the host wait for the device's queue (a pageable host-to-device copy does)."""
+    pinned = (on_host or device.type == "cuda") and torch.cuda.is_available()
     order = decodes_first(entries)
     ids: list[int] = []
     positions: list[int] = []
@@ -112,18 +132,18 @@ def build_paged_batch(blocks: BlockManager, entries: list[BatchEntry], device: t
         context_lens.append(end)
         starts.append(starts[-1] + len(entry.tokens))
         tables.append(blocks.block_table(entry.seq_id))
-    table = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.int32)
-    for i, t in enumerate(tables):
-        table[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, pin_memory=pinned)
+    target = torch.device("cpu") if on_host else device
 
     def tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype, device=device)
+        return torch.tensor(values, dtype=dtype, pin_memory=pinned).to(target, non_blocking=True)
 
     num_single = sum(entry.is_decode for entry in entries)
-    meta = PagedBatchMetadata(slot_mapping=tensor(slots, torch.int64), block_tables=table.to(device),
+    meta = PagedBatchMetadata(slot_mapping=tensor(slots, torch.int64), block_tables=table.to(target, non_blocking=True),
                               context_lens=tensor(context_lens, torch.int32),
                               query_start_loc=tensor(starts, torch.int32), num_decode_seqs=num_single,
-                              tree_mask=_tree_mask([entries[i] for i in order[num_single:]], device))
+                              tree_mask=_tree_mask([entries[i] for i in order[num_single:]], target))
     return PagedBatch(tensor(ids, torch.int64), tensor(positions, torch.int64), meta, first_rows)
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.cache.block_manager import BlockManager
-from workbench.engine.model_runner import ForwardResult, ItemRows
+from workbench.engine.model_runner import ForwardResult, ItemRows, take_rows
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.sequence import FinishReason, Sequence
 from workbench.metrics.recorder import MetricsRecorder
@@ -88,7 +88,9 @@ class Bookkeeper:
         if not due:
             return []
         seqs = [seq for seq, _ in due]
-        rows = logits[[row for _, row in due]]
+        rows = take_rows(logits, [row for _, row in due])
+        if any(seq.params.reads_history for seq in seqs):
+            rows = rows.clone()  # penalties rewrite rows below; a view would rewrite the forward's logits
         # logprobs are read from the raw logits, before the penalties below change them
         raw = [rows[i].clone() if seq.params.logprobs is not None else None for i, seq in enumerate(seqs)]
         for i, seq in enumerate(seqs):

@@ -127,8 +127,9 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run(self, batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-        """Replay the bucket for ``batch`` (a pure decode batch, `can_run`); returns views of the first
-        ``num_seqs`` rows of hidden, tapped and logits, valid until the next replay."""
+        """Replay the bucket for ``batch`` (a pure decode batch, `can_run`; its tensors on the device or, better,
+        in pinned host memory: `build_paged_batch(on_host=True)`); returns views of the first ``num_seqs`` rows of
+        hidden, tapped and logits, valid until the next replay."""
         meta = batch.metadata
         n = meta.num_seqs
         size = self.bucket_for(n)
@@ -136,11 +137,12 @@ class DecodeGraphs:
         captured = self._graphs[size]
         if n < size:
             captured.pad()
-        captured.input_ids[:n].copy_(batch.input_ids)
-        captured.positions[:n].copy_(batch.positions)
-        captured.slot_mapping[:n].copy_(meta.slot_mapping)
-        captured.context_lens[:n].copy_(meta.context_lens)
-        captured.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables)
+        # From pinned host memory (or the device) without waiting: a decode step's only wait is for its tokens.
+        captured.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
+        captured.positions[:n].copy_(batch.positions, non_blocking=True)
+        captured.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+        captured.context_lens[:n].copy_(meta.context_lens, non_blocking=True)
+        captured.block_tables[:n, : meta.block_tables.shape[1]].copy_(meta.block_tables, non_blocking=True)
         captured.graph.replay()
         tapped = None if captured.tapped is None else captured.tapped[:n]
         return captured.hidden[:n], tapped, captured.logits[:n]

@@ -28,6 +28,16 @@ from workbench.models.llama import LlamaModel
 from workbench.models.row_invariant import row_invariant_products
 
 
+def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``t[rows]``, as a view when the rows are consecutive (the usual case): indexing by a Python list copies
+    the list to the device first, and on CUDA that copy makes the host wait for the device's queue."""
+    if rows and rows == list(range(rows[0], rows[0] + len(rows))):
+        return t[rows[0]: rows[0] + len(rows)]
+    if t.is_cuda:
+        return t[torch.tensor(rows, pin_memory=True).to(t.device, non_blocking=True)]
+    return t[rows]
+
+
 @dataclass(slots=True)
 class ItemRows:
     """Where one scheduled sequence sits in a forward's outputs."""
@@ -84,7 +94,10 @@ class ModelRunner:
                     entries.append(BatchEntry(seq.seq_id, start, tokens))
                 else:  # one node per slot from ``start`` on, at positions start + depth
                     entries.append(tree_entry(seq.seq_id, start, tokens, item.tree.parents))
-            batch = build_paged_batch(self.blocks, entries, self.device)
+            # A batch a captured graph can replay stays in pinned host memory: the graph copies it into its own
+            # buffers without the host waiting for the device (`workbench.engine.cuda_graphs`).
+            graphable = self.graphs is not None and all(entry.is_decode for entry in entries)
+            batch = build_paged_batch(self.blocks, entries, self.device, on_host=graphable)
             logit_rows: list[int] = []
             items = []
             for item, entry, row in zip(scheduled, entries, batch.first_rows, strict=True):
@@ -98,18 +111,20 @@ class ModelRunner:
                 items.append(ItemRows(item, row, count, len(logit_rows), len(wanted)))
                 logit_rows += wanted
         with step_range("forward"):
-            if self.graphs is not None and self.graphs.can_run(batch):
+            if graphable and self.graphs.can_run(batch):
                 hidden, tapped, all_logits = self.graphs.run(batch)
                 # The graph's outputs are overwritten by its next replay: keep copies.
                 hidden, tapped = hidden.clone(), None if tapped is None else tapped.clone()
-                logits = all_logits[logit_rows] if logit_rows else hidden.new_empty(0, 0)
+                logits = take_rows(all_logits, logit_rows) if logit_rows else hidden.new_empty(0, 0)
             else:
+                batch = batch.to(self.device)
                 backend = BatchInvariantAttention if self.batch_invariant else PagedAttention
                 attention = backend(self.cache, batch.metadata, self.model.attention_scale)
                 with row_invariant_products() if self.batch_invariant else nullcontext():
                     hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention,
                                                                   self.taps)
-                    logits = self.model.compute_logits(hidden[logit_rows]) if logit_rows else hidden.new_empty(0, 0)
+                    logits = (self.model.compute_logits(take_rows(hidden, logit_rows)) if logit_rows
+                              else hidden.new_empty(0, 0))
         result = ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)
         for observe in self.observers:
             observe(result)
