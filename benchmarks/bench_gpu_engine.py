@@ -1,15 +1,22 @@
-"""The whole engine on a GPU: decode speed with and without CUDA graphs, against the weight-bandwidth roofline.
+"""The whole engine on a GPU: decode speed with CUDA graphs and fused layer kernels on and off, beside the
+weight-bandwidth roofline, with where a step's time goes.
 
 Why it exists: at batch 1 a decode step must read every weight once, so the fastest possible rate is the
 memory bandwidth over the weight bytes. A Llama-3-8B-shaped model in bf16 (random weights: speed does not
 depend on their values) shows how close the engine comes to that floor; a SmolLM2-135M-shaped one shows the
-opposite regime, where the weights are so few that launching kernels, not reading memory, sets the step time,
-which is what CUDA graphs remove. Each configuration runs graphs off and on side by side in one process.
+opposite regime, where the weights are so few that launching kernels, not reading memory, sets the step time:
+CUDA graphs remove the launch cost on the host, the fused layer kernels (`workbench_kernels.rms_norm`,
+``rotary``, ``silu_mul``) remove launches from the graph. Each configuration runs side by side in one process.
+
+For the fastest configuration of each model at batch 1 it also reports the device's own time per step (the
+captured graph replayed back to back, no host work between) and a kernel census from the profiler: kernels
+per step and the costliest ones. Step minus replay is what the host adds between steps.
 
     PYTHONPATH=. python benchmarks/bench_gpu_engine.py [--models llama-3-8b,smollm2-135m] [--batches 1,64]
         [--prompt 128] [--new-tokens 256] [--json out.json]
+    python benchmarks/bench_gpu_engine.py --device cpu --tiny     # the dry run: same code, tiny shapes
 
-CUDA only (it says so and exits elsewhere).
+Prints a table and a final JSON line.
 """
 
 from __future__ import annotations
@@ -25,14 +32,23 @@ import workbench
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 
+TINY = dict(num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
+            vocab_size=512)
+# (graphs, fused) per batch size: batch 1 shows both effects, larger batches the best configuration against
+# graphs alone
+VARIANTS = {1: [(False, True), (True, False), (True, True)], "other": [(True, False), (True, True)]}
 
-def copy_bandwidth_GBps() -> float:
+
+def copy_bandwidth_GBps() -> float | None:
     """Device-to-device copy of a 2 GiB buffer: bytes read + written per second (a decode step only reads)."""
+    if not torch.cuda.is_available():
+        return None
     import triton.testing
 
     src = torch.randn(2**30, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     ms = triton.testing.do_bench(lambda src=src, dst=dst: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
     torch.cuda.empty_cache()
     return 2 * 2**31 / ms / 1e6
 
@@ -60,38 +76,75 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def decode_run(model, batch: int, prompt: int, new_tokens: int, graphs: bool, seed: int = 0) -> dict:
-    """Prefill ``batch`` random prompts, then time the decode steps until every sequence has ``new_tokens``."""
+def _decoding_engine(model, batch: int, prompt: int, new_tokens: int, graphs: bool, seed: int) -> LLMEngine:
+    """An engine after a warm-up (kernels compiled, the graph captured) with ``batch`` requests prefilled."""
     engine = _engine(model, batch, prompt, new_tokens, graphs)
     gen = torch.Generator().manual_seed(seed)
     vocab = model.spec.vocab_size
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    # Warm-up: compiles the kernels and captures the graph of this batch size.
     engine.generate([torch.randint(0, vocab, (prompt,), generator=gen).tolist() for _ in range(batch)],
                     SamplingParams(max_tokens=8, ignore_eos=True), progress=False, chat=False)
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     for _ in range(batch):
         engine.add_request(torch.randint(0, vocab, (prompt,), generator=gen).tolist(), params, chat=False)
-    start = time.perf_counter()
-    steps = 0
     while any(s.num_output_tokens == 0 for r in engine.requests.values() for s in r.seqs):
         engine.step()
     _sync()
-    prefill_s = time.perf_counter() - start
-    decode_start = time.perf_counter()
+    return engine
+
+
+def decode_run(model, batch: int, prompt: int, new_tokens: int, graphs: bool, fused: bool, seed: int = 0) -> dict:
+    """Prefill ``batch`` random prompts, then time the decode steps until every sequence has ``new_tokens``."""
+    model.fused_layer_ops = fused
+    engine = _decoding_engine(model, batch, prompt, new_tokens, graphs, seed)
     done_before = sum(s.num_output_tokens for r in engine.requests.values() for s in r.seqs)
+    steps, start = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
         steps += 1
     _sync()
-    decode_s = time.perf_counter() - decode_start
+    decode_s = time.perf_counter() - start
     decoded = batch * new_tokens - done_before
     graphs_used = engine.runner.graphs.captured_sizes if engine.runner.graphs is not None else []
+    row = {"batch": batch, "cuda_graphs": graphs, "fused_layer_ops": fused and model.runs_fused(
+        torch.empty(0, device=model.device, dtype=model.dtype)), "graphs_captured": graphs_used,
+        "decode_steps": steps, "ms_per_step": round(1e3 * decode_s / steps, 3),
+        "tokens_per_s": round(decoded / decode_s, 1), "tokens_per_s_per_seq": round(decoded / decode_s / batch, 1)}
+    if graphs_used:
+        row.update(graph_anatomy(engine, graphs_used[0]))
     del engine
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return {"batch": batch, "cuda_graphs": graphs, "graphs_captured": graphs_used, "prefill_s": round(prefill_s, 4),
-            "decode_steps": steps, "ms_per_step": round(1e3 * decode_s / steps, 3),
-            "tokens_per_s": round(decoded / decode_s, 1), "tokens_per_s_per_seq": round(decoded / decode_s / batch, 1)}
+    return row
+
+
+def graph_anatomy(engine: LLMEngine, size: int, replays: int = 200) -> dict:
+    """The captured decode graph alone: device ms per replay (back to back) and a profiler census of its kernels."""
+    graph = engine.runner.graphs._graphs[size].graph
+    for _ in range(10):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    anatomy = {"replay_ms": round(start.elapsed_time(end) / replays, 4)}
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:8]
+    anatomy["kernels_per_step"] = round(len(kernels) / 5, 1)
+    anatomy["kernel_us_per_step"] = round(sum(e.device_time for e in kernels) / 5, 1)
+    anatomy["top_kernels"] = [{"name": name[:90], "per_step": len(t) / 5, "us_per_step": round(sum(t) / 5, 1)}
+                              for name, t in top]
+    return anatomy
 
 
 def main() -> None:
@@ -100,35 +153,44 @@ def main() -> None:
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="shrink every model to 2 small layers (dry run)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("CUDA is not available: this benchmark measures the engine on a GPU only.")
-        return
-    bandwidth = copy_bandwidth_GBps()
-    result = {"benchmark": "gpu_engine", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_GBps": round(bandwidth, 1), "prompt": args.prompt, "new_tokens": args.new_tokens, "models": []}
-    print(f"{result['device']}, torch {torch.__version__}: copy {bandwidth:.0f} GB/s (read + written)")
-    for name in args.models.split(","):
-        model = workbench.random_model(name, dtype=torch.bfloat16, device="cuda", seed=0)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available: run with --device cpu --tiny for the dry run")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    bandwidth = copy_bandwidth_GBps() if device.type == "cuda" else None
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    result = {"benchmark": "gpu_engine", "device": name, "torch": torch.__version__, "dtype": str(dtype),
+              "copy_GBps": None if bandwidth is None else round(bandwidth, 1), "prompt": args.prompt,
+              "new_tokens": args.new_tokens, "tiny": args.tiny, "models": []}
+    print(f"{name}, torch {torch.__version__}: copy {bandwidth or 0:.0f} GB/s (read + written)", flush=True)
+    for model_name in args.models.split(","):
+        spec = workbench.model_spec(model_name)
+        spec = spec.replace(**TINY) if args.tiny else spec
+        model = workbench.random_model(spec, dtype=dtype, device=device, seed=0)
         nbytes = weight_bytes(model)
-        floor = bandwidth * 1e9 / nbytes  # steps per second if a step only read the weights, at copy speed
-        entry = {"model": name, "weight_GB": round(nbytes / 1e9, 3), "roofline_tokens_per_s_batch1": round(floor, 1),
-                 "runs": []}
+        floor = bandwidth * 1e9 / nbytes if bandwidth else None  # steps/s if a step only read the weights
+        entry = {"model": model_name, "weight_GB": round(nbytes / 1e9, 3),
+                 "roofline_tokens_per_s_batch1": None if floor is None else round(floor, 1), "runs": []}
         for batch in map(int, args.batches.split(",")):
-            for graphs in (False, True):
-                row = decode_run(model, batch, args.prompt, args.new_tokens, graphs)
+            for graphs, fused in VARIANTS.get(batch, VARIANTS["other"]):
+                row = decode_run(model, batch, args.prompt, args.new_tokens, graphs, fused)
                 entry["runs"].append(row)
-                print(f"{name:>14} batch {batch:>3} graphs {'on ' if graphs else 'off'}: {row['ms_per_step']:8.3f} "
-                      f"ms/step, {row['tokens_per_s']:9.1f} tok/s ({row['tokens_per_s_per_seq']:.1f} per sequence)"
-                      f"; roofline at batch 1: {floor:.0f} tok/s", flush=True)
-            off, on = entry["runs"][-2], entry["runs"][-1]
-            print(f"{'':>14} graphs speed-up {off['ms_per_step'] / on['ms_per_step']:.2f}x", flush=True)
+                extra = (f", replay {row['replay_ms']:.3f} ms, {row['kernels_per_step']:.0f} kernels/step"
+                         if "replay_ms" in row else "")
+                print(f"{model_name:>14} batch {batch:>3} graphs {'on ' if graphs else 'off'} fused "
+                      f"{'on ' if row['fused_layer_ops'] else 'off'}: {row['ms_per_step']:8.3f} ms/step, "
+                      f"{row['tokens_per_s']:9.1f} tok/s{extra}", flush=True)
         result["models"].append(entry)
         del model
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,91 @@
+"""The prepared GPU session, run here as its CPU dry run: the same script and code paths, tiny shapes.
+
+A lent GPU gives one call of a few minutes; a script that rotted since the last one wastes it. So the suite runs
+`benchmarks/gpu_session.py --device cpu --tiny` (every step that does not need CUDA) and every chapter's
+measurement of `benchmarks/gpu_chapters.py`, and checks the orchestration itself: a step that overruns is
+killed and the next one still runs, a step that cannot fit in what is left is skipped, and the record says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_session  # noqa: E402
+
+from workbench.lab.kit.gpu_results import REQUIRED, GpuResult  # noqa: E402
+
+
+def _session(tmp_path: Path, budget: float) -> gpu_session.Session:
+    (tmp_path / "logs").mkdir(parents=True, exist_ok=True)
+    return gpu_session.Session(tmp_path, budget, dry=True)
+
+
+def test_a_step_that_overruns_is_killed_and_the_next_still_runs(tmp_path):
+    session = _session(tmp_path, budget=60)
+    env = gpu_session.environment(dry=True)
+    sleeper = gpu_session.Step("sleeper", 2, 1, [], [sys.executable, "-c", "import time; time.sleep(30)"])
+    failing = gpu_session.Step("failing", 10, 1, [], [sys.executable, "-c", "raise SystemExit(3)"])
+    fine = gpu_session.Step("fine", 10, 1, [], [sys.executable, "-c", "import workbench_kernels.rotary"])
+    needs_cuda = gpu_session.Step("needs-cuda", 10, 1, ["true"], None)
+    start = time.monotonic()
+    for step in (sleeper, failing, fine, needs_cuda):
+        session.run(step, env)
+    assert time.monotonic() - start < 20, "the overrunning step was not killed at its cap"
+    record = json.loads((tmp_path / "session.json").read_text())
+    assert [(s["step"], s["status"]) for s in record["steps"]] == [
+        ("sleeper", "timeout"), ("failing", "failed"), ("fine", "ok"), ("needs-cuda", "skipped")]
+    assert record["steps"][1]["rc"] == 3 and record["steps"][3]["reason"] == "needs CUDA"
+
+
+def test_a_step_that_cannot_fit_in_what_is_left_is_skipped(tmp_path):
+    session = _session(tmp_path, budget=20)
+    step = gpu_session.Step("long", 100, 30, [], [sys.executable, "-c", "pass"])
+    session.run(step, gpu_session.environment(dry=True))
+    assert session.records[0]["status"] == "skipped" and "needs 30" in session.records[0]["reason"]
+
+
+def test_the_session_runs_as_a_dry_run_on_the_cpu(tmp_path):
+    steps = "env,tests,engine,formats,chapter-ch07"
+    run = subprocess.run([sys.executable, "benchmarks/gpu_session.py", "--device", "cpu", "--tiny", "--out",
+                          str(tmp_path), "--steps", steps, "--budget-s", "300"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=360)
+    assert run.returncode == 0, run.stdout + run.stderr
+    record = json.loads((tmp_path / "session.json").read_text())
+    status = {s["step"]: s["status"] for s in record["steps"]}
+    assert status == {"env": "ok", "tests": "ok", "engine": "ok", "formats": "skipped", "chapter-ch07": "ok"}, \
+        run.stdout
+    engine = json.loads((tmp_path / "gpu_engine.json").read_text())
+    runs = engine["models"][0]["runs"]
+    assert {r["batch"] for r in runs} == {1, 4} and all(r["ms_per_step"] > 0 for r in runs)
+    (chapter_file,) = tmp_path.glob("gpu_results/*/ch07.json")
+    data = json.loads(chapter_file.read_text())
+    assert set(REQUIRED) <= set(data) and data["tiny"] is True
+    assert all(row["verify_ms"] > 0 and row["r"] > 0 for row in data["measurement"]["forward_cost"])
+    with pytest.raises(ValueError, match="dry run"):  # a dry run's file is never shown as a measurement
+        GpuResult.load(chapter_file)
+
+
+@pytest.mark.slow
+def test_every_chapter_measurement_runs_tiny_on_the_cpu(tmp_path):
+    run = subprocess.run([sys.executable, "benchmarks/gpu_chapters.py", "--chapter", "all", "--device", "cpu",
+                          "--tiny", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    files = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*/*.json")}
+    assert sorted(files) == sorted(("ch01", "ch02", "ch04", "ch05", "ch06", "ch07", "ch10"))
+    m = {name: data["measurement"] for name, data in files.items()}
+    assert m["ch01"]["layer_parts"][0]["attention share"] > 0
+    assert all(r["recompute_ms"] > 0 and r["cached_step_ms"] > 0 for r in m["ch02"]["steps"])
+    assert {s["kind"] for s in m["ch04"]["steps"]} == {"prefill", "decode"} and m["ch04"]["ridge_flop_per_byte"] > 0
+    assert [r["batch"] for r in m["ch05"]["runs"]] == [1, 2, 4]
+    fits = {f["kv_cache_dtype"]: f["batch_that_fits"] for f in m["ch06"]["formats"]}
+    assert fits["auto"] < fits["fp8_e4m3"] <= fits["int4"], fits  # a smaller cache fits more sequences
+    assert m["ch10"]["invariant"]["runs_with_other_logits"] == 0  # the invariant mode's promise, even tiny
