@@ -22,12 +22,17 @@ def _bytes_if_fp8(cache: torch.Tensor, kv_format: str) -> torch.Tensor:
 
 
 def sequence_values(cache: torch.Tensor, scales: torch.Tensor | None, kv_format: str, dtype: torch.dtype,
-                    block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """One sequence's keys (or values) ``[1, num_kv_heads, context_len, head_dim]`` in ``dtype``."""
-    ids = block_table[:-(-context_len // cache.shape[1])].long()
-    data = _bytes_if_fp8(cache, kv_format).index_select(0, ids).flatten(0, 1)[:context_len]
+                    block_table: torch.Tensor, context_len: int, start: int = 0) -> torch.Tensor:
+    """One sequence's keys (or values) of positions ``start .. context_len - 1``, ``[1, num_kv_heads,
+    context_len - start, head_dim]`` in ``dtype``. Blocks before ``start``'s are never read (a sliding window's
+    table may no longer map them)."""
+    size = cache.shape[1]
+    first = start // size
+    ids = block_table[first:-(-context_len // size)].long()
+    keep = slice(start - first * size, context_len - first * size)
+    data = _bytes_if_fp8(cache, kv_format).index_select(0, ids).flatten(0, 1)[keep]
     if kv_format in ("int8", "int4"):
-        scales = scales.index_select(0, ids).flatten(0, 1)[:context_len]
+        scales = scales.index_select(0, ids).flatten(0, 1)[keep]
     return dequantize_kv(data, scales, kv_format, dtype).transpose(0, 1).unsqueeze(0)
 
 
@@ -51,8 +56,12 @@ class DecodeGatherPlan:
     mask: torch.Tensor | None  # attention mask [num_seqs, 1, 1, max_context], None when all contexts are equal
 
 
-def decode_gather_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int) -> DecodeGatherPlan:
-    """Work out the gather for these tables once; pass it to every layer's ``paged_decode_attention``."""
+def decode_gather_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                       window: int | None = None) -> DecodeGatherPlan:
+    """Work out the gather for these tables once; pass it to every layer's ``paged_decode_attention`` (with the
+    same ``window``: each query then sees its sequence's last ``window`` keys only)."""
+    if window is not None:
+        return _window_gather_plan(block_tables, context_lens, block_size, window)
     num_seqs = block_tables.shape[0]
     max_context, min_context = int(context_lens.max()), int(context_lens.min())
     num_blocks = -(-max_context // block_size)
@@ -70,6 +79,24 @@ def decode_gather_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, b
         tail = torch.arange(min_context, max_context, device=block_tables.device) >= context_lens[:, None]
         mask = (torch.arange(max_context, device=block_tables.device) < context_lens[:, None])[:, None, None, :]
     return DecodeGatherPlan(num_seqs, max_context, min_context, ids, 0, num_blocks, tail, mask)
+
+
+def _window_gather_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                        window: int) -> DecodeGatherPlan:
+    """The gather of each sequence's last ``window`` keys: from the block holding its first visible key on, so a
+    table whose earlier entries were freed is never read there; every slot outside the window is zeroed."""
+    lens = context_lens.long()
+    starts = (lens - window).clamp(min=0)
+    first = starts // block_size
+    count = (lens + block_size - 1) // block_size - first
+    width = int(count.max())
+    columns = torch.arange(width, device=block_tables.device)
+    index = (first[:, None] + columns).clamp(max=block_tables.shape[1] - 1)
+    ids = torch.where(columns < count[:, None], block_tables.long().gather(1, index), 0).flatten()
+    positions = first[:, None] * block_size + torch.arange(width * block_size, device=block_tables.device)
+    visible = (positions >= starts[:, None]) & (positions < lens[:, None])
+    return DecodeGatherPlan(block_tables.shape[0], width * block_size, 0, ids, 0, width, ~visible,
+                            visible[:, None, None, :])
 
 
 def gather_planned(cache: torch.Tensor, plan: DecodeGatherPlan) -> torch.Tensor:

@@ -37,6 +37,7 @@ from ._common import (
 from ._kv_args import check_kv_args, kv_kernel_args
 from ._paged_gather import DecodeGatherPlan, decode_gather_plan, planned_values, sequence_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
+from ._window import check_window
 
 __all__ = ["decode_gather_plan", "paged_decode_attention", "paged_decode_attention_cpu",
            "paged_decode_attention_reference", "paged_decode_attention_triton"]
@@ -63,6 +64,7 @@ def _paged_decode_kernel(
     block_tables_ptr,  # [num_seqs, max_blocks_per_seq] int32/int64
     context_lens_ptr,  # [num_seqs] int32/int64
     scale_log2,  # softmax scale * log2(e)
+    window,  # keys a query sees, itself included (NO_WINDOW: all of them)
     num_splits,  # a runtime value, so that a growing block table does not trigger recompilations
     tiles_per_split,
     stride_qs, stride_qh,  # query: sequence, head
@@ -99,12 +101,13 @@ def _paged_decode_kernel(
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    first_tile = split * tiles_per_split
+    lowest = tl.maximum(context_len - window, 0)  # the first key inside the window
+    first_tile = lowest // TILE + split * tiles_per_split
     end_tile = tl.minimum(first_tile + tiles_per_split, tl.cdiv(context_len, TILE))
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for tile in range(first_tile, end_tile):
         tokens = tile * TILE + tl.arange(0, TILE)
-        t_mask = tokens < context_len
+        t_mask = (tokens < context_len) & (tokens >= lowest)
         kv_rows, kv_scale_rows = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch,
                                                   stride_sb, stride_ss, stride_sh, BLOCK_SIZE)
         keys = _load_kv_tile(key_cache_ptr, k_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
@@ -147,7 +150,7 @@ def _merge_splits_kernel(
     d = tl.arange(0, BLOCK_D)
     row = (seq * tl.num_programs(1) + head) * num_splits + s
     lse = tl.load(partial_lse_ptr + row, mask=s < num_splits, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always holds key 0, so the max is finite
+    weights = tl.exp2(lse - tl.max(lse, axis=0))  # split 0 always holds the window's first key: the max is finite
     parts = tl.load(partial_out_ptr + row[:, None] * BLOCK_D + d[None, :], mask=(s < num_splits)[:, None], other=0.0)
     out = tl.sum(parts * weights[:, None], axis=0) / tl.sum(weights, axis=0)
     tl.store(out_ptr + seq * stride_os + head * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
@@ -182,9 +185,10 @@ def _choose_splits(device: torch.device, programs: int, max_tiles: int, num_spli
 def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                   block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                                   kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                                  v_scale: torch.Tensor | None = None, tile_size: int = DEFAULT_TILE,
-                                  num_splits: int | None = None, num_warps: int | None = None,
-                                  num_stages: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                                  v_scale: torch.Tensor | None = None, window: int | None = None,
+                                  tile_size: int = DEFAULT_TILE, num_splits: int | None = None,
+                                  num_warps: int | None = None, num_stages: int | None = None,
+                                  out: torch.Tensor | None = None) -> torch.Tensor:
     """Triton launcher of ``paged_decode_attention``; ``tile_size``, ``num_splits``, ``num_warps`` and
     ``num_stages`` are tuning knobs (None: automatic / Triton's defaults), ``out`` an optional preallocated
     output. Quantized caches are dequantized tile by tile in registers.
@@ -193,6 +197,7 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
     context lengths, which live on the device): a table much wider than the longest context wastes splits."""
     scale = _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format, k_scale,
                                v_scale)
+    window_arg = check_window(window)
     check_launchable(_paged_decode_kernel, query.device)
     if tile_size < 16 or tile_size & (tile_size - 1):
         raise ValueError(f"tile_size must be a power of two >= 16, got {tile_size}")
@@ -202,6 +207,8 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
     if num_seqs == 0:
         return out
     max_tiles = max(1, triton.cdiv(block_tables.shape[1] * block_size, tile_size))
+    if window is not None:  # the keys a window spans touch at most this many tiles
+        max_tiles = min(max_tiles, triton.cdiv(window, tile_size) + 1)
     splits = _choose_splits(query.device, num_seqs * num_kv_heads, max_tiles, num_splits)
     tiles_per_split = triton.cdiv(max_tiles, splits)
     splits = triton.cdiv(max_tiles, tiles_per_split)
@@ -214,7 +221,7 @@ def paged_decode_attention_triton(query: torch.Tensor, key_cache: torch.Tensor, 
     _paged_decode_kernel[(num_seqs, num_kv_heads, splits)](
         out_ptr=out, partial_out_ptr=partial_out, partial_lse_ptr=partial_lse, query_ptr=query,
         block_tables_ptr=block_tables, context_lens_ptr=context_lens, scale_log2=scale * LOG2_E,
-        num_splits=splits, tiles_per_split=tiles_per_split,
+        window=window_arg, num_splits=splits, tiles_per_split=tiles_per_split,
         stride_qs=query.stride(0), stride_qh=query.stride(1), stride_os=out.stride(0), stride_oh=out.stride(1),
         stride_bt=block_tables.stride(0),
         stride_cb=key_cache.stride(0), stride_cs=key_cache.stride(1), stride_ch=key_cache.stride(2),
@@ -241,8 +248,9 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
 def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                                      kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
-    """The specification: ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over keys ``0..context_lens[b]-1``.
+                                     v_scale: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+    """The specification: ``out[b, h] = softmax(scale * q[b, h] . K_b^T) V_b`` over keys ``0..context_lens[b]-1``,
+    or with a ``window`` over the last ``window`` of them only (table entries before those are never read).
 
     query ``[num_seqs, num_heads, head_dim]``; caches ``[num_blocks, block_size, num_kv_heads, head_dim]`` (or a
     quantized ``kv_format``'s layout, with its ``k_scale``/``v_scale``: ``kv_quant.cache_shapes``); key ``t`` of
@@ -254,10 +262,12 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
     if kv_format != "auto" or k_scale is not None or v_scale is not None:
         _check_decode_args(query, key_cache, value_cache, block_tables, context_lens, scale, kv_format, k_scale,
                            v_scale)
+    check_window(window)
     out = torch.empty_like(query)
     for b, context_len in enumerate(context_lens.tolist()):
-        keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_tables[b], context_len)
-        values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_tables[b], context_len)
+        start = 0 if window is None else max(0, context_len - window)
+        keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_tables[b], context_len, start)
+        values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_tables[b], context_len, start)
         attended = F.scaled_dot_product_attention(query[b][None, :, None], keys, values, scale=scale, enable_gqa=True)
         out[b] = attended[0, :, 0]
     return out
@@ -266,11 +276,12 @@ def paged_decode_attention_reference(query: torch.Tensor, key_cache: torch.Tenso
 def paged_decode_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                                kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                               v_scale: torch.Tensor | None = None,
+                               v_scale: torch.Tensor | None = None, window: int | None = None,
                                plan: DecodeGatherPlan | None = None) -> torch.Tensor:
     """``paged_decode_attention_reference``'s result, vectorized for the CPU engine, which runs it on every layer
     of every decode step: one gather into a padded batch (dequantized there), one SDPA call on 4-D inputs (3-D
-    inputs fall back to SDPA's slow math path). ``plan`` is the gather worked out once for these tables.
+    inputs fall back to SDPA's slow math path). ``plan`` is the gather worked out once for these tables (and this
+    ``window``: `decode_gather_plan`).
 
     Measured on 2 shared cores (this repo's CI-class x86-64, torch 2.13), float32, 32 sequences, 9 query / 3 KV
     heads, head_dim 64, block 16, best of 100 calls: 3.5 ms with 512 keys each (no mask needed); 4.2 ms with
@@ -280,8 +291,9 @@ def paged_decode_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, val
                            v_scale)
     if query.shape[0] == 0:
         return torch.empty_like(query)
+    check_window(window)
     if plan is None:
-        plan = decode_gather_plan(block_tables, context_lens, key_cache.shape[1])
+        plan = decode_gather_plan(block_tables, context_lens, key_cache.shape[1], window)
     keys = planned_values(key_cache, k_scale, kv_format, query.dtype, plan)
     values = planned_values(value_cache, v_scale, kv_format, query.dtype, plan)
     out = F.scaled_dot_product_attention(query.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
@@ -292,13 +304,14 @@ def paged_decode_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, val
 def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float, *,
                            kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                           v_scale: torch.Tensor | None = None,
+                           v_scale: torch.Tensor | None = None, window: int | None = None,
                            cpu_plan: DecodeGatherPlan | None = None) -> torch.Tensor:
-    """Attention of one new token per sequence over its paged keys (see ``paged_decode_attention_reference``).
+    """Attention of one new token per sequence over its paged keys, or over its last ``window`` keys (see
+    ``paged_decode_attention_reference``).
 
-    ``cpu_plan``: the CPU path's gather worked out once for these tables (`decode_gather_plan`), so that a
-    model's layers do not each redo it; ignored on CUDA."""
-    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale}
+    ``cpu_plan``: the CPU path's gather worked out once for these tables and this window (`decode_gather_plan`),
+    so that a model's layers do not each redo it; ignored on CUDA."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale, "window": window}
     if query.is_cuda:
         return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt)
     return paged_decode_attention_cpu(query, key_cache, value_cache, block_tables, context_lens, scale, **fmt,

@@ -43,6 +43,7 @@ from ._kv_args import check_kv_args, kv_kernel_args
 from ._paged_gather import sequence_values
 from ._paged_tiles import _kv_tile_offsets, _load_kv_tile, _online_softmax_step
 from ._tree_mask import check_tree_mask, visible_keys
+from ._window import check_window
 from .paged_decode_attention import paged_decode_attention_cpu
 
 # Rows (query token x query head pairs) and keys per program. Untuned (no GPU measurement yet): the usual
@@ -94,6 +95,7 @@ def _paged_prefill_kernel(
     mask_width,  # TREE: the mask's columns stand for each sequence's last mask_width keys
     stride_mt,  # tree_mask: query row
     scale_log2,  # softmax scale * log2(e)
+    window,  # keys a query sees, itself included (NO_WINDOW: all of them)
     stride_qt, stride_qh,  # query: token, head
     stride_ot, stride_oh,  # out: token, head
     stride_bt,  # block_tables: sequence
@@ -140,10 +142,11 @@ def _paged_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     end_key = prefix + tl.minimum(first_q + BLOCK_Q, q_len)  # one past the last key any row of the block sees
+    lowest = tl.maximum(prefix + first_q - window + 1, 0)  # the first key the block's first row still sees
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile in range(0, tl.cdiv(end_key, TILE)):
+    for tile in range(lowest // TILE, tl.cdiv(end_key, TILE)):
         tokens = tile * TILE + tl.arange(0, TILE)
-        t_mask = tokens < end_key
+        t_mask = (tokens < end_key) & (tokens >= lowest)
         kv_rows, kv_scale_rows = _kv_tile_offsets(table_row, tokens, t_mask, kv_head, stride_cb, stride_cs, stride_ch,
                                                   stride_sb, stride_ss, stride_sh, BLOCK_SIZE)
         keys = _load_kv_tile(key_cache_ptr, k_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
@@ -151,7 +154,8 @@ def _paged_prefill_kernel(
         values = _load_kv_tile(value_cache_ptr, v_scale_ptr, kv_rows, kv_scale_rows, kv_head, d, t_mask, d_mask,
                                stride_sg, KV_FORMAT).to(q.dtype)
         scores = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * scale_log2
-        visible = (tokens[None, :] <= positions[:, None]) & t_mask[None, :]
+        visible = (tokens[None, :] <= positions[:, None]) & (tokens[None, :] > positions[:, None] - window)
+        visible = visible & t_mask[None, :]
         if TREE:
             col = tokens - (prefix + q_len - mask_width)  # the key's column in the mask; < 0: not restricted
             in_mask = t_mask & (col >= 0)
@@ -187,7 +191,8 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
                                    block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                                    context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
                                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                                   tree_mask: torch.Tensor | None = None, block_m: int = DEFAULT_BLOCK_M,
+                                   tree_mask: torch.Tensor | None = None, window: int | None = None,
+                                   block_m: int = DEFAULT_BLOCK_M,
                                    tile_size: int = DEFAULT_TILE,
                                    num_warps: int | None = None, num_stages: int | None = None,
                                    out: torch.Tensor | None = None) -> torch.Tensor:
@@ -198,6 +203,7 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
     ``query_start_loc[-1]`` must equal ``query.shape[0]``: it lives on the device, so it is not checked here."""
     scale = _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale,
                                 kv_format, k_scale, v_scale, tree_mask)
+    window_arg = check_window(window)
     check_launchable(_paged_prefill_kernel, query.device)
     for name, value in (("block_m", block_m), ("tile_size", tile_size)):
         if value < 16 or value & (value - 1):
@@ -214,7 +220,7 @@ def paged_prefill_attention_triton(query: torch.Tensor, key_cache: torch.Tensor,
     grid = (total_tokens // block_q + num_seqs, num_kv_heads)
     _paged_prefill_kernel[grid](
         out_ptr=out, query_ptr=query, block_tables_ptr=block_tables, query_start_loc_ptr=query_start_loc,
-        context_lens_ptr=context_lens, num_seqs=num_seqs, scale_log2=scale * LOG2_E,
+        context_lens_ptr=context_lens, num_seqs=num_seqs, scale_log2=scale * LOG2_E, window=window_arg,
         tree_mask_ptr=query if tree_mask is None else tree_mask,  # a placeholder pointer without a mask
         mask_width=0 if tree_mask is None else tree_mask.shape[1],
         stride_mt=0 if tree_mask is None else tree_mask.stride(0), TREE=tree_mask is not None,
@@ -234,12 +240,18 @@ def _dot_in_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and is_interpreted(_paged_prefill_kernel))
 
 
-def _chunk_attention(query, keys, values, scale: float, tree_rows: torch.Tensor | None = None) -> torch.Tensor:
+def _chunk_attention(query, keys, values, scale: float, tree_rows: torch.Tensor | None = None,
+                     window: int | None = None, start: int = 0) -> torch.Tensor:
     """Attention of one sequence's chunk ``[q_len, num_heads, head_dim]`` over its keys/values ``[1, num_kv_heads,
-    context_len, head_dim]``, causal inside the chunk and restricted by its ``tree_mask`` rows, if any."""
-    q_len, context_len = query.shape[0], keys.shape[2]
+    context_len - start, head_dim]`` (positions ``start..``), causal inside the chunk and restricted by its
+    ``tree_mask`` rows, if any, and by a sliding ``window``."""
+    q_len, context_len = query.shape[0], start + keys.shape[2]
     q = query.transpose(0, 1).unsqueeze(0)
-    if q_len == context_len and tree_rows is None:  # plain causal (SDPA aligns is_causal to the top-left corner)
+    if window is not None:  # each row sees positions p - window + 1 .. p of the keys from ``start`` on
+        visible = visible_keys(tree_rows, q_len, context_len, query.device)
+        visible = visible.triu(diagonal=context_len - q_len - window + 1)[:, start:]
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
+    elif q_len == context_len and tree_rows is None:  # plain causal (SDPA aligns is_causal to the top-left corner)
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale, enable_gqa=True)
     elif tree_rows is None and q_len >= PAD_TO_CAUSAL * context_len:
         # A chunk after a short cached prefix is the tail of a causal square: SDPA's fused causal path over the
@@ -266,9 +278,11 @@ def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tens
                                       block_tables: torch.Tensor, query_start_loc: torch.Tensor,
                                       context_lens: torch.Tensor, scale: float, *, kv_format: str = "auto",
                                       k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
-                                      tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+                                      tree_mask: torch.Tensor | None = None,
+                                      window: int | None = None) -> torch.Tensor:
     """The specification: query ``i`` of sequence ``b`` (row ``query_start_loc[b] + i``) sits at position
-    ``p = context_lens[b] - q_len_b + i`` and attends to keys ``0..p`` of its sequence, read through the block
+    ``p = context_lens[b] - q_len_b + i`` and attends to keys ``0..p`` of its sequence (``p - window + 1..p``
+    with a ``window``; table entries before a chunk's first visible key are never read), read through the block
     table as in ``paged_decode_attention_reference`` (quantized formats likewise). Query head ``h`` reads KV head
     ``h // (num_heads // num_kv_heads)``. With a ``tree_mask`` ``[total_query_tokens, W]``, row ``r`` sees key
     ``context_lens[b] - W + j`` only where ``tree_mask[r, j]`` (see ``_tree_mask``). Returns
@@ -279,12 +293,13 @@ def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tens
     if kv_format != "auto" or k_scale is not None or v_scale is not None or tree_mask is not None:
         _check_prefill_args(query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale, **fmt,
                             tree_mask=tree_mask)
+    check_window(window)
     out = torch.empty_like(query, memory_format=torch.contiguous_format)
     starts, context = query_start_loc.tolist(), context_lens.tolist()
     for b, (start, end) in enumerate(zip(starts, starts[1:], strict=False)):
         if end > start:
             out[start:end] = _sequence_attention(query[start:end], key_cache, value_cache, block_tables[b],
-                                                 context[b], scale, **fmt,
+                                                 context[b], scale, **fmt, window=window,
                                                  tree_rows=None if tree_mask is None else tree_mask[start:end])
     return out
 
@@ -292,8 +307,8 @@ def paged_prefill_attention_reference(query: torch.Tensor, key_cache: torch.Tens
 def paged_prefill_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                                 block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
                                 scale: float, *, kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                                v_scale: torch.Tensor | None = None,
-                                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+                                v_scale: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                                window: int | None = None) -> torch.Tensor:
     """``paged_prefill_attention_reference``'s result for the CPU engine: single-token rows (decodes verifying
     nothing, or a chunk's last token) that the tree mask does not restrict go through the batched
     ``paged_decode_attention_cpu`` in one call, the rest run one SDPA per sequence over only the blocks it needs."""
@@ -310,32 +325,34 @@ def paged_prefill_attention_cpu(query: torch.Tensor, key_cache: torch.Tensor, va
         index = torch.tensor(singles, device=query.device)
         rows = query_start_loc[index].long()
         out[rows] = paged_decode_attention_cpu(query[rows], key_cache, value_cache, block_tables[index],
-                                               context_lens[index], scale, **fmt)
+                                               context_lens[index], scale, **fmt, window=window)
     for b, n in enumerate(q_lens):
         if n > 1 or (n == 1 and masks[b] is not None):
             rows = slice(starts[b], starts[b] + n)
             out[rows] = _sequence_attention(query[rows], key_cache, value_cache, block_tables[b], context[b], scale,
-                                            **fmt, tree_rows=masks[b])
+                                            **fmt, tree_rows=masks[b], window=window)
     return out
 
 
 def _sequence_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                         block_table: torch.Tensor, context_len: int, scale: float, *, kv_format: str,
                         k_scale: torch.Tensor | None, v_scale: torch.Tensor | None,
-                        tree_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """One sequence's query rows over its keys, read (and dequantized) through its block table."""
-    keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_table, context_len)
-    values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_table, context_len)
-    return _chunk_attention(query, keys, values, scale, tree_rows)
+                        tree_rows: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+    """One sequence's query rows over the keys they can see, read (and dequantized) through its block table."""
+    start = 0 if window is None else max(0, context_len - query.shape[0] - window + 1)
+    keys = sequence_values(key_cache, k_scale, kv_format, query.dtype, block_table, context_len, start)
+    values = sequence_values(value_cache, v_scale, kv_format, query.dtype, block_table, context_len, start)
+    return _chunk_attention(query, keys, values, scale, tree_rows, window, start)
 
 
 def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor,
                             scale: float, *, kv_format: str = "auto", k_scale: torch.Tensor | None = None,
-                            v_scale: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+                            v_scale: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                            window: int | None = None) -> torch.Tensor:
     """Causal attention of a flat batch of query chunks over their paged keys, optionally restricted by a token
-    tree's mask (see the reference)."""
-    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale, "tree_mask": tree_mask}
+    tree's mask and by a sliding ``window`` (see the reference)."""
+    fmt = {"kv_format": kv_format, "k_scale": k_scale, "v_scale": v_scale, "tree_mask": tree_mask, "window": window}
     if query.is_cuda:
         return paged_prefill_attention_triton(query, key_cache, value_cache, block_tables, query_start_loc,
                                               context_lens, scale, **fmt)
