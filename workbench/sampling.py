@@ -13,6 +13,12 @@ presence penalties), on the raw logits, so greedy decoding sees them too; then t
 The history step depends on every token before, so it is applied only where one token is drawn per sequence and
 step (``SamplingParams.one_token_per_step`` keeps such sequences out of speculative decoding).
 ``token_logprob`` reports a drawn token's log-probability, as the OpenAI API's ``logprobs`` asks.
+
+One row's numbers never break another row. Values a caller may legally ask for can still be extreme (a
+``repetition_penalty`` of 1e-38 sends a logit to infinity), so ``probabilities`` saturates instead of overflowing
+(+inf becomes the largest float, NaN drops its token) and top-p always keeps the most likely token (as vLLM's
+filter does). What is still not a distribution (a row of NaN logits from the model) raises ``SamplingError`` for
+that row only: ``sample_batch`` hands it back in the row's place, and the engine fails that sequence alone.
 """
 
 from __future__ import annotations
@@ -23,6 +29,13 @@ from dataclasses import dataclass
 import torch
 
 from workbench.config import SamplingParams
+
+
+class SamplingError(ValueError):
+    """One row's logits give nothing to draw from (NaN from the model, or no token left with a finite logit)."""
+
+
+NAN_LOGITS = "the model's logits for this sequence hold NaN: no next token can be chosen"
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,7 +86,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    logits = _saturated(logits / params.temperature)
     if params.min_p > 0:  # keep tokens with p >= min_p * p_max, i.e. logit >= max logit + log(min_p)
         floor = logits.max(-1, keepdim=True).values + math.log(params.min_p)
         logits = logits.masked_fill(logits < floor, float("-inf"))
@@ -85,26 +98,53 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         # Keep the smallest set whose mass reaches top_p: drop a token once the mass *before* it is >= top_p.
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False  # the most likely token always stays (a top_p that rounds to 0 in float32)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
 
 
+def _saturated(logits: torch.Tensor) -> torch.Tensor:
+    """Logits that overflowed to +inf become the largest float (the limit they stand for: the most likely), and
+    NaN ones are dropped (-inf), so the softmax of a row with any finite or +inf logit is a distribution."""
+    return torch.nan_to_num(logits, nan=float("-inf"), posinf=torch.finfo(logits.dtype).max)
+
+
+def check_distribution(probs: torch.Tensor) -> None:
+    """Raise ``SamplingError`` unless every row of ``probs`` ([..., vocab]) is finite, >= 0 and has mass."""
+    if not bool((torch.isfinite(probs).all(-1) & (probs >= 0).all(-1) & (probs.sum(-1) > 0)).all()):
+        raise SamplingError("the next-token probabilities are not a distribution (no token has a finite logit)")
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> int:
-    """One next token for one sequence (logits: [vocab])."""
-    if params.greedy:
-        return int(logits.argmax())
+    """One next token for one sequence (logits: [vocab]); ``SamplingError`` if its logits give no distribution."""
+    if bool(torch.isnan(logits).any()):
+        raise SamplingError(NAN_LOGITS)
+    return int(logits.argmax()) if params.greedy else _draw(logits, params, generator)
+
+
+def _draw(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     probs = probabilities(logits, params)
+    check_distribution(probs)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def sample_batch(logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> list[int]:
-    """Next tokens for a batch (logits: [N, vocab]); greedy rows share one argmax."""
-    greedy = logits.argmax(-1).tolist()
-    return [g if p.greedy else sample(logits[i], p, gen)
-            for i, (g, p, gen) in enumerate(zip(greedy, params, generators, strict=True))]
+                 generators: list[torch.Generator | None]) -> list[int | SamplingError]:
+    """Next tokens for a batch (logits: [N, vocab]); greedy rows share one argmax. A row that gives no distribution
+    gets its ``SamplingError`` in its place, and the other rows are drawn exactly as they would be without it."""
+    # One read-back for both (on a GPU each read-back waits for the device: a decode step has only this one)
+    greedy, unusable = torch.stack((logits.argmax(-1), torch.isnan(logits).any(-1).long())).tolist()
+    tokens: list[int | SamplingError] = []
+    for i, (token, p, gen) in enumerate(zip(greedy, params, generators, strict=True)):
+        try:
+            if unusable[i]:
+                raise SamplingError(NAN_LOGITS)
+            tokens.append(token if p.greedy else _draw(logits[i], p, gen))
+        except SamplingError as exc:
+            tokens.append(exc)
+    return tokens
 
 
 def token_logprob(logits: torch.Tensor, token: int, num_top: int) -> TokenLogprob:

@@ -13,6 +13,9 @@ recorder keeps the timeline, the proposer forgets the sequence; aborts come thro
    rejected branches' slots are left to be released or overwritten like unused lookahead;
 4. tokens are appended and stop conditions checked; slots reserved for drafts that were not used go back;
 5. the proposer hears which positions are real now (with their target features, if it reads them).
+
+A sequence whose next token cannot be drawn (`workbench.sampling.SamplingError`: its logits hold NaN) finishes
+alone with ``FinishReason.ERROR`` (``fail``); every other sequence of the step is committed as if it were not there.
 """
 
 from __future__ import annotations
@@ -23,12 +26,21 @@ from dataclasses import dataclass
 import torch
 
 from workbench.cache.block_manager import BlockManager
+from workbench.config import SamplingParams
 from workbench.engine.model_runner import ForwardResult, ItemRows, take_rows
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.sequence import FinishReason, Sequence
 from workbench.metrics.recorder import MetricsRecorder
 from workbench.metrics.step_ranges import step_range
-from workbench.sampling import apply_history, probabilities, sample_batch, token_logprob
+from workbench.sampling import (
+    NAN_LOGITS,
+    SamplingError,
+    apply_history,
+    check_distribution,
+    probabilities,
+    sample_batch,
+    token_logprob,
+)
 from workbench.spec.proposer import Proposer
 from workbench.spec.tree_verify import verify_tree_greedy, verify_tree_sampled
 from workbench.spec.verify import verify_greedy, verify_sampled
@@ -65,19 +77,27 @@ class Bookkeeper:
         with step_range("verify"):
             for rows in verifying:
                 verify = self._verify_tree if rows.item.tree is not None else self._verify_drafts
-                kept[rows.item.seq.seq_id] = verify(rows, result.logits, now)
                 touched.append(rows.item.seq.request_id)
+                try:
+                    kept[rows.item.seq.seq_id] = verify(rows, result.logits, now)
+                except SamplingError as exc:  # raised before the sequence changed
+                    self.fail(rows.item.seq, exc, now)
         for rows in result.items:
             self._release_unused_lookahead(rows.item.seq, rows.item.lookahead)
         self._tell_proposer(result, kept)
         return CommitResult(list(dict.fromkeys(touched)), sum(len(k) - 1 for k in kept.values()))
 
     def finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
-        """The one way out for a sequence: stopped, out of length, or aborted."""
+        """The one way out for a sequence: stopped, out of length, aborted, or failed."""
         self.scheduler.finish(seq, reason, now)
         self.metrics.record_finished(seq)
         if self.proposer is not None:
             self.proposer.forget(seq.seq_id)
+
+    def fail(self, seq: Sequence, error: SamplingError, now: float) -> None:
+        """End one sequence whose next token could not be drawn; its blocks go back to the pool."""
+        seq.error = str(error)
+        self.finish(seq, FinishReason.ERROR, now)
 
     # ----------------------------------------------------------------------------------------------------
     def _mark_computed(self, seq: Sequence, num_tokens: int) -> None:
@@ -99,6 +119,9 @@ class Bookkeeper:
                                         seq.params.stop_ids(self.eos_ids))
         tokens = sample_batch(rows, [s.params for s in seqs], [s.generator for s in seqs])
         for seq, token, raw_row in zip(seqs, tokens, raw, strict=True):
+            if isinstance(token, SamplingError):
+                self.fail(seq, token, now)
+                continue
             if raw_row is not None:
                 seq.logprobs.append(token_logprob(raw_row, token, seq.params.logprobs))
             self._append(seq, token, now)
@@ -109,9 +132,9 @@ class Bookkeeper:
         item, seq = rows.item, rows.item.seq
         logits = logits[rows.first_logit_row: rows.first_logit_row + rows.num_logit_rows]
         if seq.params.greedy:
-            accepted, emitted = verify_greedy(item.drafts, logits)
+            accepted, emitted = verify_greedy(item.drafts, _usable(logits))
         else:
-            accepted, emitted = verify_sampled(item.drafts, item.draft_probs, probabilities(logits, seq.params),
+            accepted, emitted = verify_sampled(item.drafts, item.draft_probs, _distributions(logits, seq.params),
                                                seq.generator)
         seq.spec.record(len(item.drafts), accepted, len(emitted))
         computed = seq.num_computed_tokens + 1 + accepted  # the newest token and the accepted drafts have KV
@@ -124,9 +147,9 @@ class Bookkeeper:
         tree, seq = rows.item.tree, rows.item.seq
         logits = logits[rows.first_logit_row: rows.first_logit_row + rows.num_logit_rows]
         if seq.params.greedy:
-            verdict = verify_tree_greedy(tree, logits)
+            verdict = verify_tree_greedy(tree, _usable(logits))
         else:
-            verdict = verify_tree_sampled(tree, probabilities(logits, seq.params), seq.generator)
+            verdict = verify_tree_sampled(tree, _distributions(logits, seq.params), seq.generator)
         paths = tree.rank_paths()
         seq.spec.record_tree(paths, list(paths[verdict.path[-1] - 1]) if verdict.path else [], verdict.tested_last,
                              len(verdict.emitted))
@@ -181,3 +204,17 @@ class Bookkeeper:
                     features = result.features[[rows.first_row + node for node in kept[seq.seq_id]]]
                 self.proposer.observe(seq, computed - valid, features)
             self.proposer.rollback(seq, computed)
+
+
+def _usable(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` ([rows, vocab]) unless they hold NaN (then ``SamplingError``: no token can be chosen)."""
+    if bool(torch.isnan(logits).any()):
+        raise SamplingError(NAN_LOGITS)
+    return logits
+
+
+def _distributions(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The target distributions a verification draws from, checked (``SamplingError`` for an unusable row)."""
+    probs = probabilities(_usable(logits), params)
+    check_distribution(probs)
+    return probs

@@ -12,10 +12,11 @@ class CompletionOutput:
     index: int  # which of the request's n completions
     token_ids: list[int]
     text: str
-    finish_reason: str | None  # "stop", "length", "abort", or None while running
+    finish_reason: str | None  # "stop", "length", "abort", "error", or None while running
     new_token_ids: list[int] = field(default_factory=list)  # since the previous output of this request
     new_text: str = ""
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked for them
+    error: str | None = None  # what went wrong, with finish_reason "error"
 
     @property
     def finished(self) -> bool:

@@ -8,7 +8,7 @@ waiting forever. What a request is checked against is fixed when the engine is b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -32,6 +32,9 @@ class RequestLimits:
     num_blocks: int
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
+    # Blocks a sequence of n tokens takes at most, when that is not ceil(n / block_size): KV groups with
+    # sliding windows (`workbench.cache.kv_groups.KVGroupLayout.blocks_needed`).
+    blocks_for: Callable[[int], int] | None = None
 
     @classmethod
     def of(cls, spec: ModelSpec, cache: CacheConfig, scheduler: SchedulerConfig, num_blocks: int) -> RequestLimits:
@@ -64,7 +67,7 @@ def checked_prompt(prompt: str | list[int], params: SamplingParams, tokenizer, c
         raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {limits.vocab_size})")
     check_prompt_fits(len(prompt_ids), limits.max_context)
     max_total = min(len(prompt_ids) + params.max_tokens, limits.max_context)
-    need = -(-max_total // limits.block_size)
+    need = limits.blocks_for(max_total) if limits.blocks_for else -(-max_total // limits.block_size)
     if need > limits.num_blocks:
         raise ValueError(f"request needs up to {need} KV blocks ({max_total} tokens of prompt and max_tokens) but "
                          f"the whole cache has {limits.num_blocks}: lower max_tokens, shorten the prompt or "
@@ -105,7 +108,7 @@ def build_output(request: Request, since_last_look: bool = False) -> RequestOutp
             index=index, token_ids=output_ids, text=text,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
             new_token_ids=output_ids[start:], new_text=text[text_start:],
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None))
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None, error=seq.error))
         if since_last_look:
             seq.num_returned_tokens, seq.returned_text_len = len(output_ids), len(text)
     return RequestOutput(request.request_id, request.prompt_ids, outputs)

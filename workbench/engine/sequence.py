@@ -39,6 +39,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # an EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # the caller aborted it
+    ERROR = "error"  # its next token could not be drawn (`workbench.sampling.SamplingError`); the others go on
 
 
 @dataclass(slots=True, eq=False)
@@ -64,6 +65,7 @@ class Sequence:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     finish_reason: FinishReason | None = None
+    error: str | None = None  # why it finished with FinishReason.ERROR (written by the bookkeeper's fail())
     # Tokens before this index have been handed to the caller (streaming deltas).
     num_returned_tokens: int = 0
     returned_text_len: int = 0
