@@ -1,11 +1,13 @@
-"""From an OpenAI request to what ``LLMEngine.add_request`` takes: token ids and ``SamplingParams``.
+"""From an API request to what ``LLMEngine.add_request`` takes: token ids and ``SamplingParams``.
 
-Two halves, because the tokenizer belongs to the engine thread (the engine's detokenizers use it between
-steps, and a Hugging Face fast tokenizer shared across threads can fail with "Already borrowed"):
+Everything here runs before the engine thread sees the request, so a bad request is refused (400) without
+touching the shared engine step:
 
 - ``sampling_params`` runs in the HTTP handler and refuses bad options at once;
-- ``tokenize`` and ``fit_to_context`` run on the engine thread, where the prompt's length is known, so the
-  context check can say how many tokens were asked for, and a missing ``max_tokens`` becomes what is left.
+- ``tokenize`` runs on a text worker (`workbench.serve.text_workers`), never on the engine thread, and turns any
+  error of the tokenizer or the chat template into a 400 naming the field, as vLLM's preprocessing does;
+- ``fit_to_context`` checks prompt + max_tokens against the context once the prompt's length is known, so the
+  error can say how many tokens were asked for, and a missing ``max_tokens`` becomes what is left.
 
 The pool check (a request that can never fit the KV cache) stays in the engine, which owns the pool.
 """
@@ -13,6 +15,8 @@ The pool check (a request that can never fit the KV cache) stays in the engine, 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import jinja2
 
 from workbench.config import SamplingParams
 from workbench.prompts import encode_prompt
@@ -27,7 +31,8 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
 
 
-def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int) -> SamplingParams:
+def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
+                    default_temperature: float = DEFAULT_TEMPERATURE) -> SamplingParams:
     """The engine's SamplingParams for ``request`` (``max_tokens`` None: 1 for now, set by fit_to_context)."""
     refused = request.unsupported()
     if refused is not None:
@@ -38,7 +43,7 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int)
     try:
         return SamplingParams(
             max_tokens=max_tokens if max_tokens is not None else max(1, request.min_tokens),
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            temperature=default_temperature if request.temperature is None else request.temperature,
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             top_k=max(0, request.top_k or 0), seed=request.seed, stop=stop,
             stop_token_ids=tuple(request.stop_token_ids or ()), ignore_eos=request.ignore_eos, n=request.n,
@@ -77,18 +82,32 @@ def chat_messages(messages: list[ChatMessage] | None) -> Messages:
     return out
 
 
-# ---------------------------------------------------------------------------------- on the engine thread
-def tokenize(tokenizer, prompt: str | list[int] | Messages, *, add_generation_prompt: bool = True) -> list[int]:
+# ---------------------------------------------------------------------------------- on a text worker
+# What a tokenizer or a chat template raises for input it cannot take (vLLM catches the same in preprocessing).
+_TOKENIZER_ERRORS = (TypeError, RuntimeError, jinja2.TemplateError)
+
+
+def tokenize(tokenizer, prompt: str | list[int] | Messages, *, add_generation_prompt: bool = True,
+             field: str = "prompt") -> list[int]:
     """Token ids of raw text, of given ids (checked), or of messages through the chat template."""
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-        if not getattr(tokenizer, "chat_template", None):
-            raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
-        text = tokenizer.apply_chat_template(prompt, add_generation_prompt=add_generation_prompt, tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
     try:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            if not getattr(tokenizer, "chat_template", None):
+                raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+            text = tokenizer.apply_chat_template(prompt, add_generation_prompt=add_generation_prompt, tokenize=False)
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
         return encode_prompt(tokenizer, prompt, chat=False)
-    except ValueError as exc:
-        raise APIError(400, str(exc), param="prompt") from exc
+    except ValueError as exc:  # the project's own checks: their messages name the value already
+        raise APIError(400, str(exc), param=field) from exc
+    except _TOKENIZER_ERRORS as exc:
+        raise APIError(400, f"the {field} could not be tokenized ({type(exc).__name__}: {exc})", param=field) from exc
+
+
+def check_vocabulary(ids: list[int], vocab_size: int, field: str) -> None:
+    """A 400 naming ``field`` when a given token id is outside the model's vocabulary."""
+    if ids and max(ids) >= vocab_size:
+        bad = next(t for t in ids if t >= vocab_size)
+        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param=field)
 
 
 def fit_to_context(params: SamplingParams, requested_max_tokens: int | None, num_prompt_tokens: int,
@@ -96,20 +115,33 @@ def fit_to_context(params: SamplingParams, requested_max_tokens: int | None, num
     """``params`` with its final max_tokens, or a 400 when prompt + max_tokens exceed the context.
 
     Without a requested max_tokens, the request may generate up to what the context and the KV pool leave."""
-    if requested_max_tokens is None:
-        room = min(max_context, pool_tokens) - num_prompt_tokens
-        if room < params.min_tokens:
-            raise APIError(400, f"min_tokens={params.min_tokens} does not fit: the context and the KV pool leave "
-                                f"room for {max(room, 0)} tokens after this {prompt_field}", param="min_tokens")
-        return replace(params, max_tokens=max(1, room))
-    total = num_prompt_tokens + requested_max_tokens
-    if num_prompt_tokens >= max_context or total > max_context:
-        param = prompt_field if num_prompt_tokens >= max_context else "max_tokens"
-        raise APIError(400, f"this model's maximum context length is {max_context} tokens, you requested {total} "
-                            f"tokens ({num_prompt_tokens} in the {prompt_field} + {requested_max_tokens} max_tokens): "
-                            f"shorten the {prompt_field} or lower max_tokens",
-                       param=param, code="context_length_exceeded")
-    return params
+    if num_prompt_tokens >= max_context or (requested_max_tokens is not None
+                                            and num_prompt_tokens + requested_max_tokens > max_context):
+        raise _context_exceeded(requested_max_tokens, num_prompt_tokens, max_context, prompt_field)
+    if requested_max_tokens is not None:
+        return params
+    room = min(max_context, pool_tokens) - num_prompt_tokens
+    if room < 1:
+        raise APIError(400, f"the {prompt_field} has {num_prompt_tokens} tokens and the KV pool holds "
+                            f"{pool_tokens}: nothing is left to generate into; shorten the {prompt_field}",
+                       param=prompt_field)
+    if room < params.min_tokens:
+        raise APIError(400, f"min_tokens={params.min_tokens} does not fit: the context and the KV pool leave "
+                            f"room for {room} tokens after this {prompt_field}", param="min_tokens")
+    return replace(params, max_tokens=room)
+
+
+def _context_exceeded(requested: int | None, num_prompt_tokens: int, max_context: int, field: str) -> APIError:
+    if requested is None:
+        message = (f"this model's maximum context length is {max_context} tokens, and the {field} alone has "
+                   f"{num_prompt_tokens} tokens: shorten the {field}")
+        param = field
+    else:
+        message = (f"this model's maximum context length is {max_context} tokens, you requested "
+                   f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {field} + {requested} "
+                   f"max_tokens): shorten the {field} or lower max_tokens")
+        param = field if num_prompt_tokens >= max_context else "max_tokens"
+    return APIError(400, message, param=param, code="context_length_exceeded")
 
 
 def prompt_of(request: CompletionRequest | ChatCompletionRequest) -> tuple[str | list[int] | Messages, str]:

@@ -11,7 +11,9 @@ can see where the two differ (under the minimum the engine still reuses the pref
     POST /hosted/openai/v1/chat/completions     OpenAI chat with prompt_cache_key and emulated cached_tokens
 
 Each server keeps one emulated cache per provider model, on the wall clock (``time.monotonic``); the
-simulated clock is for the notebook's offline timelines.
+simulated clock is for the notebook's offline timelines. Both routes run through the shared ``Pipeline`` (text
+off the engine thread, the context check, an abort when the client leaves); ``/v1/messages`` answers errors in
+Anthropic's shape and, under ``--api-key``, also takes the key in Anthropic's ``x-api-key`` header.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import uuid
 from typing import Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,13 +31,16 @@ from workbench.config import SamplingParams
 from workbench.hosted.anthropic_cache import AnthropicCache, Block, CacheUsage
 from workbench.hosted.openai_cache import OpenAICache
 from workbench.hosted.pricing import models
-from workbench.serve.admission import chat_messages, tokenize
-from workbench.serve.engine_loop import EngineLoop
-from workbench.serve.errors import APIError, from_value_error
+from workbench.serve.admission import chat_messages, sampling_params, tokenize
+from workbench.serve.errors import MESSAGES_PATH, APIError, GuardedRoute
+from workbench.serve.pipeline import Collected, Job, Pipeline
 from workbench.serve.schemas import ChatCompletionRequest
 
 ENGINE_CACHED_HEADER = "x-workbench-engine-cached-tokens"
 STOP_REASONS = {"length": "max_tokens", "stop": "end_turn", "abort": "end_turn"}
+# max_tokens of the hosted OpenAI emulation when a request sets none (a short answer: the emulation is about the
+# prompt's cache, not the reply).
+HOSTED_DEFAULT_MAX_TOKENS = 16
 
 
 class _Loose(BaseModel):
@@ -108,85 +113,68 @@ def render_blocks(tokenizer, body: MessagesRequest) -> list[Block]:
     return blocks
 
 
-def _anthropic_error(status: int, message: str, type_: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"type": "error", "error": {"type": type_, "message": message}}, status_code=status)
+async def _whole_reply(pipeline: Pipeline, request: Request, job: Job, on_first_token=None) -> Collected:
+    return await pipeline.whole(await pipeline.start(job), request, on_first_token)
 
 
-async def _generate(loop: EngineLoop, request_id: str, admit, on_start) -> tuple[str, str | None, int, int]:
-    """Run one request on the engine: (text, finish reason, output tokens, engine-cached prompt tokens)."""
-    stream = await loop.add_request(request_id, admit, 1, loop.engine.clock())
-    text, reason, tokens, started = "", None, 0, False
-    async for event in stream:
-        for delta in event.choices:
-            text, tokens = text + delta.text, tokens + delta.num_tokens
-            reason = delta.finish_reason or reason
-            if delta.num_tokens and not started:
-                started = True
-                now = time.monotonic()
-                loop.call(lambda engine, now=now: on_start(now))  # the cache's owner is the engine thread
-        if event.error is not None:
-            raise RuntimeError(event.error)
-        if event.is_last:
-            return text, reason, tokens, event.usage.cached_tokens if event.usage else 0
-    return text, reason, tokens, 0
-
-
-def hosted_router(loop: EngineLoop, *, dependencies: list | None = None) -> APIRouter:
-    """The routes above over ``loop``'s engine (emulated caches are created on first use of each model)."""
-    router = APIRouter(dependencies=dependencies or [])
+def hosted_router(pipeline: Pipeline) -> APIRouter:
+    """The routes above over ``pipeline`` (emulated caches are created on first use of each model). Each goes
+    through the pipeline like every other route: tokenized off the engine thread, checked against the context,
+    aborted when its client leaves."""
+    router = APIRouter(route_class=GuardedRoute)
     anthropic: dict[str, AnthropicCache] = {}
     openai: dict[str, OpenAICache] = {}
 
-    @router.post("/v1/messages")
-    async def messages(body: MessagesRequest) -> JSONResponse:
+    @router.post(MESSAGES_PATH)
+    async def messages(body: MessagesRequest, request: Request) -> JSONResponse:
         if body.stream:
-            return _anthropic_error(400, "stream=true is not supported by this emulation; send stream=false")
+            raise APIError(400, "stream=true is not supported by this emulation; send stream=false", param="stream")
         if body.model not in models("anthropic"):
-            return _anthropic_error(404, f"model {body.model!r} not found; emulated: {models('anthropic')}",
-                                    "not_found_error")
+            raise APIError(404, f"model {body.model!r} not found; emulated: {models('anthropic')}", param="model")
         cache = anthropic.setdefault(body.model, AnthropicCache(body.model))
-        usage: list[CacheUsage] = []
+        rendered: list[list[Block]] = []  # on a text worker
+        usage: list[CacheUsage] = []  # on the engine thread, the emulated cache's owner
 
-        def admit(engine):
-            blocks = render_blocks(engine.tokenizer, body)
-            usage.append(cache.begin(blocks))  # raises ValueError for a fifth breakpoint: a 400, nothing run
-            ids = [t for block in blocks for t in block.tokens]
-            return ids, SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature)
+        def render(tokenizer) -> list[int]:
+            rendered.append(render_blocks(tokenizer, body))
+            return [t for block in rendered[0] for t in block.tokens]
+
+        def begin(engine, ids: list[int]) -> None:
+            usage.append(cache.begin(rendered[0]))  # raises ValueError for a fifth breakpoint: a 400, nothing run
+
+        def first_token() -> None:
+            now = time.monotonic()
+            pipeline.loop.call(lambda engine: cache.mark_started(usage[0], now))
 
         request_id = f"msg_{uuid.uuid4().hex[:24]}"
-        try:
-            text, reason, out_tokens, engine_cached = await _generate(
-                loop, request_id, admit, lambda now: cache.mark_started(usage[0], now))
-        except ValueError as exc:
-            return _anthropic_error(400, str(exc))
+        params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature)
+        got = await _whole_reply(pipeline, request, Job(request_id, render, params, body.max_tokens, "messages",
+                                                        on_admit=begin), first_token)
         payload = {"id": request_id, "type": "message", "role": "assistant", "model": body.model,
-                   "content": [{"type": "text", "text": text}], "stop_reason": STOP_REASONS.get(reason, "end_turn"),
-                   "stop_sequence": None, "usage": usage[0].to_dict(out_tokens)}
-        return JSONResponse(payload, headers={ENGINE_CACHED_HEADER: str(engine_cached)})
+                   "content": [{"type": "text", "text": got.texts[0]}],
+                   "stop_reason": STOP_REASONS.get(got.reasons[0], "end_turn"), "stop_sequence": None,
+                   "usage": usage[0].to_dict(got.usage.completion_tokens)}
+        return JSONResponse(payload, headers={ENGINE_CACHED_HEADER: str(got.usage.cached_tokens)})
 
     @router.post("/hosted/openai/v1/chat/completions")
-    async def chat(body: CachedChatRequest) -> JSONResponse:
+    async def chat(body: CachedChatRequest, request: Request) -> JSONResponse:
         model = body.model or "gpt-4o"
         if model not in models("openai") or body.stream or body.n != 1:
             raise APIError(400, f"this emulation takes one of {models('openai')}, stream=false and n=1; got "
-                             f"model={model!r}, stream={body.stream}, n={body.n}", param="model")
+                                f"model={model!r}, stream={body.stream}, n={body.n}", param="model")
         cache = openai.setdefault(body.prompt_cache_retention, OpenAICache(retention=body.prompt_cache_retention))
         found = []
-
-        def admit(engine):
-            ids = tokenize(engine.tokenizer, chat_messages(body.messages))
-            found.append(cache.request(ids, body.prompt_cache_key))
-            max_tokens = body.requested_max_tokens or 16
-            return ids, SamplingParams(max_tokens=max_tokens, temperature=body.temperature or 0.0)
-
+        requested = body.requested_max_tokens or HOSTED_DEFAULT_MAX_TOKENS
+        params = sampling_params(body, requested, 1, default_temperature=0.0)
+        messages = chat_messages(body.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        try:
-            text, reason, out_tokens, engine_cached = await _generate(loop, request_id, admit, lambda now: None)
-        except ValueError as exc:
-            raise from_value_error(exc) from exc
+        job = Job(request_id, lambda tokenizer: tokenize(tokenizer, messages, field="messages"), params, requested,
+                  "messages", on_admit=lambda engine, ids: found.append(cache.request(ids, body.prompt_cache_key)))
+        got = await _whole_reply(pipeline, request, job)
         payload = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
-                   "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                                "finish_reason": reason}], "usage": found[0].to_dict(out_tokens)}
-        return JSONResponse(payload, headers={ENGINE_CACHED_HEADER: str(engine_cached)})
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": got.texts[0]},
+                                "logprobs": None, "finish_reason": got.reasons[0]}],
+                   "usage": found[0].to_dict(got.usage.completion_tokens)}
+        return JSONResponse(payload, headers={ENGINE_CACHED_HEADER: str(got.usage.cached_tokens)})
 
     return router

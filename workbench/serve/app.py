@@ -9,9 +9,13 @@
     GET  /version               the workbench's version
     GET  /metrics               Prometheus text exposition, vLLM's metric names (and its HTTP route series)
 
-``create_app`` wires an ``LLMEngine`` into an app whose lifespan starts and stops the ``EngineLoop``: the
-server adapts the engine, it does not schedule. With ``api_key`` every ``/v1`` route needs
-``Authorization: Bearer <key>`` (as in vLLM, /health, /metrics and /tokenize stay open).
+``create_app`` wires an ``LLMEngine`` into an app whose lifespan starts and stops the ``EngineLoop`` and the
+text workers: the server adapts the engine, it does not schedule. Every generation route goes through one
+``Pipeline`` (tokenize off the engine thread, check the context, admit, abort on disconnect), every route through
+one edge (``json_body_edge``: JSON bodies with valid Unicode text) and one ``GuardedRoute`` (an unexpected error is
+a 500 that keeps the connection). With ``api_key`` every path under ``/v1`` and ``/hosted`` needs
+``Authorization: Bearer <key>``, checked before anything else; as in vLLM, /tokenize, /detokenize, /health,
+/metrics, /version and /openapi.json stay open.
 """
 
 from __future__ import annotations
@@ -20,26 +24,29 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import version as package_version
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from workbench.engine.llm_engine import LLMEngine
 from workbench.serve.anthropic_messages import hosted_router
 from workbench.serve.engine_loop import DEFAULT_RETAIN_FINISHED, EngineLoop
-from workbench.serve.errors import APIError, error_response, install_error_handlers
+from workbench.serve.errors import SERVER_ERROR, APIError, GuardedRoute, error_response, install_error_handlers
 from workbench.serve.generation import Generator
-from workbench.serve.guards import DEFAULT_MAX_BODY_BYTES, BodySizeLimit, check_api_key
+from workbench.serve.guards import DEFAULT_MAX_BODY_BYTES, ApiKeyGuard, BodySizeLimit, json_body_edge
 from workbench.serve.metrics import ServingMetrics
+from workbench.serve.pipeline import Pipeline
 from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from workbench.serve.text_workers import DEFAULT_TEXT_WORKERS, TextWorkers
 
 UNINSTRUMENTED_ROUTES = ("/metrics", "/health", "/version")
 
 
 def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: str | None = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               retain_finished: int = DEFAULT_RETAIN_FINISHED) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, retain_finished: int = DEFAULT_RETAIN_FINISHED,
+               text_workers: int = DEFAULT_TEXT_WORKERS) -> FastAPI:
     """An app serving ``engine`` as ``model_name``. The engine must have a tokenizer."""
     if engine.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer (to apply chat templates and decode text)")
@@ -50,6 +57,7 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
     cache_info = {"block_size": cache.block_size, "num_gpu_blocks": engine.blocks.num_blocks,
                   "cache_dtype": cache.kv_cache_dtype, "enable_prefix_caching": cache.enable_prefix_caching}
     loop = EngineLoop(engine, ServingMetrics(model_name, max_context, cache_info), retain_finished=retain_finished)
+    workers = TextWorkers(engine.tokenizer, text_workers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -58,22 +66,23 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
             yield
         finally:
             loop.stop()
+            workers.close()
 
-    app = FastAPI(title="KV Workbench", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="KV Workbench", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  dependencies=[Depends(json_body_edge)])
+    app.router.route_class = GuardedRoute
     app.state.engine_loop = loop
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     # vLLM's HTTP route series (http_requests_total by handler and status, http_request_duration_seconds, sizes),
     # from the library vLLM uses, into the same registry as the engine's series; the service routes excluded
     # as vLLM excludes them.
     Instrumentator(excluded_handlers=list(UNINSTRUMENTED_ROUTES), registry=loop.metrics.registry).add().instrument(app)
+    if api_key:
+        app.add_middleware(ApiKeyGuard, api_key=api_key)  # the outermost: 401 before any other answer
     install_error_handlers(app)
-    generator = Generator(loop, model_name, max_context)
-
-    async def authorized(authorization: str | None = Header(None)) -> None:
-        if api_key:
-            check_api_key(authorization, api_key)
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+    pipeline = Pipeline(loop, workers)
+    generator = Generator(pipeline, model_name)
+    v1 = APIRouter(prefix="/v1", route_class=GuardedRoute)
 
     @v1.get("/models")
     async def models() -> dict:
@@ -89,8 +98,11 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
         return await generator.respond(body, request, chat=True)
 
     app.include_router(v1)
-    app.include_router(hosted_router(loop, dependencies=[Depends(authorized)]))
+    app.include_router(hosted_router(pipeline))
     _add_service_routes(app, loop, generator)
+    unguarded = [r.path for r in app.routes if isinstance(r, APIRoute) and not isinstance(r, GuardedRoute)]
+    if unguarded:
+        raise RuntimeError(f"routes without GuardedRoute: {unguarded}")
     return app
 
 
@@ -100,10 +112,10 @@ def workbench_version() -> str:
 
 def _add_service_routes(app: FastAPI, loop: EngineLoop, generator: Generator) -> None:
     @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         if not loop.alive:
-            return error_response(503, "the engine loop is not running", code="service_unavailable",
-                                  type_="server_error")
+            return error_response(request, 503, "the engine loop is not running", code="service_unavailable",
+                                  type_=SERVER_ERROR)
         return Response(status_code=200)
 
     @app.get("/metrics")

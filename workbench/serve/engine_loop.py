@@ -1,8 +1,9 @@
 """The one thread that owns the engine while it serves: commands in, steps, events out.
 
 ``LLMEngine`` is not thread-safe, and it does not need to be: this thread is the only one that touches it.
-HTTP handlers (on uvicorn's event loop) send *commands* — add a request, abort one, tokenize, read a number —
-as closures through a queue; the thread runs them between steps and resolves each one's future. After each
+HTTP handlers (on uvicorn's event loop) send *commands* — add a request, abort one, read a number — as closures
+through a queue; the thread runs them between steps and resolves each one's future. Commands are short: request
+text is tokenized before it gets here, on the text workers (`workbench.serve.text_workers`). After each
 ``step()`` it turns the outputs into per-request deltas (``RequestStream``), and feeds the Prometheus series
 from the engine's own records. Scheduling stays entirely the engine's: the loop only decides *when* to call
 ``step()`` (whenever a request is unfinished) and sleeps on the command queue when there is nothing to do.
@@ -92,7 +93,7 @@ class EngineLoop:
     async def add_request(self, request_id: str, admit: Callable[[LLMEngine], tuple[list[int], Any]],
                           num_choices: int, arrival_time: float) -> RequestStream:
         """Admit a request; ``admit(engine)`` returns its token ids and SamplingParams (or raises to refuse it)."""
-        stream = RequestStream(request_id, asyncio.get_running_loop())
+        stream = RequestStream(request_id, asyncio.get_running_loop(), num_choices)
 
         def add(engine: LLMEngine) -> None:
             if self._draining:
@@ -178,11 +179,12 @@ class EngineLoop:
                 tracker.counted_prompt, prompt_tokens = True, len(output.prompt_ids)
                 cached_prompt = cached.get(output.request_id, self._cached_prompt_tokens(output.request_id))
             self.metrics.record_tokens(prompt_tokens, new_tokens, cached_prompt)
-            usage = None
+            usage = error = None
             if output.finished:
                 del self._active[output.request_id]
                 usage = Usage(len(output.prompt_ids), tracker.completion_tokens, cached.get(output.request_id, 0))
-            tracker.stream.push(StreamEvent(deltas, usage))
+                error = next((c.error for c in output.outputs if c.error is not None), None)
+            tracker.stream.push(StreamEvent(deltas, usage, error))
 
     def _abort(self, request_id: str, reason: str, error: str | None = None) -> None:
         tracker = self._active.pop(request_id, None)

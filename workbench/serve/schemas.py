@@ -18,14 +18,28 @@ never gets an answer it did not ask for.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from workbench.config import MAX_LOGPROBS
 
 # OpenAI accepts at most four stop sequences.
 MAX_STOP_SEQUENCES = 4
+# vLLM bounds the seed to a signed 64-bit integer (its request schemas: _LONG_INFO).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+
+def _integral(value: object) -> object:
+    """16.0 is the integer 16 (JSON Schema's "integer", and vLLM's lax models, accept it); 16.5 stays a float."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer field: strict (a string such as "16" is refused) but an integral float is taken.
+Int = Annotated[int, BeforeValidator(_integral)]
+# Text that must hold something besides whitespace (a prompt).
+Text = Annotated[str, Field(min_length=1, pattern=r"\S")]
+TokenIds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
 
 
 # vLLM's request fields the engine does not honour, each with the values that ask for nothing (sent by clients
@@ -87,13 +101,15 @@ class SamplingFields(_Request):
     """What completions and chat completions share."""
 
     model: str | None = None
-    n: int = Field(1, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)  # vLLM's extension; -1 or 0 switch it off
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None  # vLLM's extension
+    n: Int = Field(1, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2, description=(
+        "0 or below 1e-5: greedy; in [1e-5, 1e-2): raised to 1e-2 (vLLM's rules)"))
+    top_p: float | None = Field(None, gt=0, le=1, description="the most likely token is always kept")
+    top_k: Int | None = Field(None, ge=-1)  # vLLM's extension; -1 or 0 switch it off
+    seed: Int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
+                                                          Field(max_length=MAX_STOP_SEQUENCES)] | None = None
+    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -102,15 +118,13 @@ class SamplingFields(_Request):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
     min_p: float = Field(0.0, ge=0, le=1)
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: Int = Field(0, ge=0, description="at most max_tokens")
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, reason) for the first option the engine cannot honour, else None."""
-        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP_SEQUENCES:
-            return "stop", f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(self.stop)}"
         return self.refused_vllm_field()
 
     @property
@@ -123,11 +137,13 @@ class SamplingFields(_Request):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token (0: the token's own)
+    # One prompt per request: text, token ids, or a batch of exactly one of either.
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)] | Annotated[
+        list[TokenIds], Field(min_length=1, max_length=1)]
+    max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token (0: the token's own)
     echo: bool = False
-    best_of: int | None = None
+    best_of: Int | None = None
     suffix: str | None = None
 
     @property
@@ -159,14 +175,11 @@ class ChatMessage(_Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage]
-    max_tokens: int | None = Field(None, ge=1)  # None: whatever the context and the KV pool leave
-    max_completion_tokens: int | None = Field(None, ge=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Int | None = Field(None, ge=1)  # None: whatever the context and the KV pool leave
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -186,8 +199,8 @@ class TokenizeRequest(_Strict):
     """vLLM's /tokenize: a prompt (raw text) or chat messages (through the chat template)."""
 
     model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    prompt: Text | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
     add_generation_prompt: bool = True
 
 
@@ -195,13 +208,14 @@ class DetokenizeRequest(_Strict):
     """vLLM's /detokenize: token ids back to text."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
 
 
-def allowed_range(field: str) -> str | None:
-    """The API range of a numeric field, from its declaration above: "[0, 2]", "(0, 1]", ">= 1"."""
-    for model in (CompletionRequest, ChatCompletionRequest):
-        info = model.model_fields.get(field)
+def allowed_range(field: str, model: type[BaseModel] | None = None) -> str | None:
+    """The API range of a numeric field, from its declaration in ``model`` (default: the OpenAI requests):
+    "[0, 2]", "(0, 1]", ">= 1"."""
+    for candidate in (model,) if model is not None else (CompletionRequest, ChatCompletionRequest):
+        info = candidate.model_fields.get(field)
         if info is None:
             continue
         bounds = {name: getattr(m, name) for m in info.metadata for name in ("ge", "gt", "le", "lt")
@@ -209,9 +223,13 @@ def allowed_range(field: str) -> str | None:
         low = ("[", bounds["ge"]) if "ge" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
         high = (bounds["le"], "]") if "le" in bounds else (bounds["lt"], ")") if "lt" in bounds else None
         if low and high:
-            return f"{low[0]}{low[1]:g}, {high[0]:g}{high[1]}"
+            return f"{low[0]}{_number(low[1])}, {_number(high[0])}{high[1]}"
         if low:
-            return f"{'>=' if low[0] == '[' else '>'} {low[1]:g}"
+            return f"{'>=' if low[0] == '[' else '>'} {_number(low[1])}"
         if high:
-            return f"{'<=' if high[1] == ']' else '<'} {high[0]:g}"
+            return f"{'<=' if high[1] == ']' else '<'} {_number(high[0])}"
     return None
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"

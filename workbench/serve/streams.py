@@ -61,8 +61,9 @@ class StreamEvent:
 class RequestStream:
     """One request's events, produced on the engine thread and consumed on the event loop."""
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop):
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, num_choices: int = 1):
         self.request_id = request_id
+        self.num_choices = num_choices  # the request's n
         self.num_prompt_tokens = 0
         self.finished = False  # the last event has been consumed
         self._loop = loop
