@@ -6,34 +6,37 @@ Layout per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]`` in the ca
 group of 32 for ``int4``. Which block belongs to which sequence is the block manager's business
 (`workbench.cache.block_manager`); this module owns the memory, reports what it allocated, and copies blocks
 when the block manager asks for copy-on-write.
+
+With KV groups (`workbench.cache.kv_groups`: sliding-window layers beside full-attention ones) the pool holds
+only as many tensors as the largest group has layers, and ``key[layer]`` is the tensor of the layer's index in
+its group: layer ``i`` of every group shares it, each group's blocks being its own (the block manager hands a
+block to one group at a time). The bytes then follow the groups, not the layers.
 """
 
 from __future__ import annotations
 
 import torch
 
+from workbench.cache.kv_groups import KVGroupLayout
 from workbench.config import ModelSpec
 from workbench_kernels.kv_quant import allocate_cache, cache_shapes
 
 
 class PagedKVCache:
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int, *, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu", kv_format: str = "auto"):
+                 device: torch.device | str = "cpu", kv_format: str = "auto", layout: KVGroupLayout | None = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"num_blocks and block_size must be >= 1, got {num_blocks} and {block_size}")
         self.num_blocks, self.block_size, self.kv_format = num_blocks, block_size, kv_format
         self.dtype, self.device = dtype, torch.device(device)
-        self.key: list[torch.Tensor] = []
-        self.value: list[torch.Tensor] = []
-        self.key_scale: list[torch.Tensor | None] = []
-        self.value_scale: list[torch.Tensor | None] = []
-        for _ in range(spec.num_layers):
-            key, key_scale = self._allocate(spec)
-            value, value_scale = self._allocate(spec)
-            self.key.append(key)
-            self.value.append(value)
-            self.key_scale.append(key_scale)
-            self.value_scale.append(value_scale)
+        self.layout = layout  # None: one tensor per layer, every block holding every layer
+        shared = [(*self._allocate(spec), *self._allocate(spec))
+                  for _ in range(spec.num_layers if layout is None else layout.tensors_per_block)]
+        where = range(spec.num_layers) if layout is None else layout.tensor_of_layer
+        self.key = [shared[i][0] for i in where]
+        self.key_scale = [shared[i][1] for i in where]
+        self.value = [shared[i][2] for i in where]
+        self.value_scale = [shared[i][3] for i in where]
         self._per_slot_scales = cache_shapes(kv_format, 1, 1, spec.num_kv_heads, spec.head_dim)["scale_per_slot"]
 
     def _allocate(self, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -41,7 +44,9 @@ class PagedKVCache:
                               self.dtype, self.device)
 
     def _tensors(self) -> list[torch.Tensor]:
-        return [t for t in (*self.key, *self.value, *self.key_scale, *self.value_scale) if t is not None]
+        """Every tensor once (layers of different groups share theirs)."""
+        seen = {id(t): t for t in (*self.key, *self.value, *self.key_scale, *self.value_scale) if t is not None}
+        return list(seen.values())
 
     @property
     def allocated_bytes(self) -> int:
@@ -66,11 +71,13 @@ class PagedKVCache:
             return
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
-        tensors = [*self.key, *self.value]
-        if self._per_slot_scales:
-            tensors += [*self.key_scale, *self.value_scale]
-        for t in tensors:
+        for t in self._copied_tensors():
             t[dst] = t[src]
+
+    def _copied_tensors(self) -> list[torch.Tensor]:
+        """What a block or slot copy moves: keys and values, and per-slot scales; each shared tensor once."""
+        tensors = [*self.key, *self.value] + ([*self.key_scale, *self.value_scale] if self._per_slot_scales else [])
+        return list({id(t): t for t in tensors}.values())
 
     def copy_slots(self, src: list[int], dst: list[int]) -> None:
         """Copy single token slots ``src -> dst`` in every layer, per-slot scales included (speculative decoding
@@ -81,10 +88,7 @@ class PagedKVCache:
             return
         s = torch.tensor(src, device=self.device)
         d = torch.tensor(dst, device=self.device)
-        tensors = [*self.key, *self.value]
-        if self._per_slot_scales:
-            tensors += [*self.key_scale, *self.value_scale]
-        for t in tensors:
+        for t in self._copied_tensors():
             flat = t.view(-1, *t.shape[2:])
             if flat.element_size() == 1 and flat.is_floating_point():  # float8: CPU indexing kernels are missing
                 flat = flat.view(torch.uint8)

@@ -21,8 +21,11 @@ from workbench_kernels.store_kv import store_kv
 
 
 class PagedAttention:
-    def __init__(self, cache: PagedKVCache, meta: PagedBatchMetadata, scale: float):
-        self.cache, self.meta, self.scale = cache, meta, scale
+    """``window``: each query sees only the last ``window`` keys of its sequence (a sliding-window layer group,
+    `workbench.cache.grouped_attention`); None attends over all of them."""
+
+    def __init__(self, cache: PagedKVCache, meta: PagedBatchMetadata, scale: float, window: int | None = None):
+        self.cache, self.meta, self.scale, self.window = cache, meta, scale, window
         d = meta.num_decode_seqs
         self._prefill_starts = meta.query_start_loc[d:] - d  # prefill rows start after the decode rows
         # On the CPU, where the decode rows' keys are is worked out once here, not once per layer (it cost more
@@ -30,7 +33,8 @@ class PagedAttention:
         self._decode_plan = None
         cpu = not cache.key[0].is_cuda
         if d and cpu:
-            self._decode_plan = decode_gather_plan(meta.block_tables[:d], meta.context_lens[:d], cache.block_size)
+            self._decode_plan = decode_gather_plan(meta.block_tables[:d], meta.context_lens[:d], cache.block_size,
+                                                   window)
         # A float cache on the CPU stores each layer's keys and values with one index_copy_ apiece into the flat
         # slots: store_kv's general path redoes its slot arithmetic (and a padding check) on every layer, ~10
         # operators that cost more than the copy at batch 1. Padding (slot -1) keeps the general path.
@@ -52,7 +56,8 @@ class PagedAttention:
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         meta, d, cache = self.meta, self.meta.num_decode_seqs, self.cache
         key_cache, value_cache = cache.key[layer], cache.value[layer]
-        fmt = {"kv_format": cache.kv_format, "k_scale": cache.key_scale[layer], "v_scale": cache.value_scale[layer]}
+        fmt = {"kv_format": cache.kv_format, "k_scale": cache.key_scale[layer], "v_scale": cache.value_scale[layer],
+               "window": self.window}
         self.store(layer, k, v)
         if d == meta.num_seqs:
             return paged_decode_attention(q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale,

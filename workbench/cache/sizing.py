@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from workbench.cache.kv_groups import KVGroupLayout
 from workbench.config import DEFAULT_CPU_KV_BUDGET_BYTES, FLOAT_KV_DTYPES, KV_CACHE_DTYPES, CacheConfig, ModelSpec
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
@@ -181,17 +182,22 @@ def kv_format_for(config: CacheConfig, model_dtype: torch.dtype) -> str:
     return name
 
 
-def bytes_per_block(model: LlamaModel, config: CacheConfig) -> int:
-    """Bytes one block of the engine's pool takes across all layers, K and V, scales included."""
+def bytes_per_block(model: LlamaModel, config: CacheConfig, layout: KVGroupLayout | None = None) -> int:
+    """Bytes one block of the engine's pool takes across all layers, K and V, scales included; with KV groups
+    (`workbench.cache.kv_groups`) a block holds one group's layers only."""
     kv_format_for(config, model.dtype)
-    return kv_bytes_per_token(model.spec, config.kv_cache_dtype, model.dtype) * config.block_size
+    per_token = kv_bytes_per_token(model.spec, config.kv_cache_dtype, model.dtype)
+    if layout is not None:
+        per_token = per_token // model.spec.num_layers * layout.tensors_per_block
+    return per_token * config.block_size
 
 
-def num_blocks_for(model: LlamaModel, config: CacheConfig, max_num_batched_tokens: int) -> int:
+def num_blocks_for(model: LlamaModel, config: CacheConfig, max_num_batched_tokens: int,
+                   layout: KVGroupLayout | None = None) -> int:
     """The engine's pool size (module docstring: explicit, a KV budget, or what a GPU's memory leaves)."""
     if config.num_blocks is not None:
         return config.num_blocks
-    per_block = bytes_per_block(model, config)
+    per_block = bytes_per_block(model, config, layout)
     if config.memory_budget_bytes is not None or model.device.type != "cuda":
         budget = config.memory_budget_bytes or DEFAULT_CPU_KV_BUDGET_BYTES
         if budget < per_block:
@@ -200,9 +206,10 @@ def num_blocks_for(model: LlamaModel, config: CacheConfig, max_num_batched_token
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     activations = measure_activation_peak(model, max_num_batched_tokens) or 0
     total = torch.cuda.get_device_properties(model.device).total_memory
-    return block_budget(model.spec, total, utilization=config.memory_utilization, weights_bytes=weights,
-                        activation_bytes=activations, block_size=config.block_size,
-                        kv_format=config.kv_cache_dtype, model_dtype=model.dtype).num_blocks
+    budget = block_budget(model.spec, total, utilization=config.memory_utilization, weights_bytes=weights,
+                          activation_bytes=activations, block_size=config.block_size,
+                          kv_format=config.kv_cache_dtype, model_dtype=model.dtype)
+    return budget.kv_budget_bytes // per_block
 
 
 def _rss_field(name: str) -> int | None:

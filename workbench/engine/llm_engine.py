@@ -19,12 +19,15 @@ import itertools
 import time
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 
 import torch
 from tqdm.auto import tqdm
 
 from workbench.cache.block_manager import BlockManager
 from workbench.cache.calibration import calibration_ids, fp8_scales
+from workbench.cache.hybrid_block_manager import HybridBlockManager
+from workbench.cache.kv_groups import KVGroupLayout, grouped
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.sizing import ceil_div, kv_format_for, num_blocks_for
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
@@ -55,14 +58,22 @@ class LLMEngine:
         self.model, self.tokenizer = model, tokenizer
         self.cache_config = cache_config or CacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
-        num_blocks = num_blocks_for(model, self.cache_config, self.scheduler_config.max_num_batched_tokens)
         kv_format = kv_format_for(self.cache_config, model.dtype)
+        # Per-layer windows (layer_types): KV groups with their own block tables in one pool (kv_groups).
+        layout = KVGroupLayout.of(model.spec) if grouped(model.spec) else None
+        if layout is not None:
+            _check_grouped(kv_format, spec_config, batch_invariant)
+        num_blocks = num_blocks_for(model, self.cache_config, self.scheduler_config.max_num_batched_tokens,
+                                    layout=layout)
         self.cache = PagedKVCache(model.spec, num_blocks, self.cache_config.block_size, dtype=model.dtype,
-                                  device=model.device, kv_format=kv_format)
+                                  device=model.device, kv_format=kv_format, layout=layout)
         if kv_format == "fp8_e4m3":
             self.cache.set_static_scales(*fp8_scales(model, calibration_ids(model, tokenizer)))
-        self.blocks = BlockManager(num_blocks, self.cache_config.block_size,
-                                   enable_prefix_caching=self.cache_config.enable_prefix_caching)
+        caching = self.cache_config.enable_prefix_caching
+        self.blocks = (BlockManager(num_blocks, self.cache_config.block_size, enable_prefix_caching=caching)
+                       if layout is None else
+                       HybridBlockManager(num_blocks, self.cache_config.block_size, layout,
+                                          enable_prefix_caching=caching, max_chunk=self.scheduler_config.chunk_limit))
         self.spec_config = spec_config
         self.proposer: Proposer | None = None
         self.tree_shape = _tree_shape(spec_config)
@@ -75,7 +86,7 @@ class LLMEngine:
         taps = self.proposer.taps if self.proposer else ()
         graphs = None
         self.batch_invariant = batch_invariant
-        if cuda_graphs and model.device.type == "cuda" and not batch_invariant:
+        if cuda_graphs and model.device.type == "cuda" and not batch_invariant and layout is None:
             width = min(num_blocks, ceil_div(model.spec.max_context, self.cache_config.block_size))
             graphs = DecodeGraphs(model, self.cache, max_num_seqs=self.scheduler_config.max_num_seqs,
                                   max_blocks_per_seq=width, taps=taps)
@@ -86,6 +97,10 @@ class LLMEngine:
         self.bookkeeper = Bookkeeper(self.scheduler, self.blocks, self.metrics, self.eos_ids, self.proposer,
                                      move_kv=self.runner.move_slots)
         self.limits = RequestLimits.of(model.spec, self.cache_config, self.scheduler_config, num_blocks)
+        if layout is not None:  # windows are masked here: the whole position range, each group's real demand
+            chunk, size = self.scheduler_config.chunk_limit, self.cache_config.block_size
+            self.limits = replace(self.limits, max_context=model.spec.max_position_embeddings,
+                                  blocks_for=lambda tokens: layout.blocks_needed(tokens, size, chunk))
         self.requests: dict[str, Request] = {}
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -246,6 +261,19 @@ class LLMEngine:
                     time.sleep(0.001)  # dynamic batching waiting for its timer
                 bar.update(sum(r.finished for r in requests.values()) - bar.n)
         return [build_output(requests[rid]) for rid in ids]
+
+
+def _check_grouped(kv_format: str, spec_config: SpecConfig | None, batch_invariant: bool) -> None:
+    """What the KV-group path (sliding-window layers) does not combine with, each refused with the reason."""
+    if kv_format == "fp8_e4m3":
+        raise ValueError("kv_cache_dtype 'fp8_e4m3' keeps one static scale per layer, and layers of different KV "
+                         "groups share cache tensors here: use 'auto', 'int8' or 'int4' with sliding-window layers")
+    if spec_config is not None:
+        raise ValueError("speculative decoding drafts over the target's block tables, which a sliding-window "
+                         "group punches holes in: run models with layer_types without a spec_config")
+    if batch_invariant:
+        raise ValueError("the batch-invariant attention has no window: run models with layer_types without "
+                         "batch_invariant")
 
 
 def _tree_shape(config: SpecConfig | None) -> TreeShape | None:

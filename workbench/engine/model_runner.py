@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench.cache.block_manager import BlockManager
+from workbench.cache.grouped_attention import GroupedPagedAttention
 from workbench.cache.invariant_attention import BatchInvariantAttention
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
@@ -118,8 +119,12 @@ class ModelRunner:
                 logits = take_rows(all_logits, logit_rows) if logit_rows else hidden.new_empty(0, 0)
             else:
                 batch = batch.to(self.device)
-                backend = BatchInvariantAttention if self.batch_invariant else PagedAttention
-                attention = backend(self.cache, batch.metadata, self.model.attention_scale)
+                if self.cache.layout is not None:  # KV groups (sliding windows): each group's tables and window
+                    attention = GroupedPagedAttention.for_batch(self.cache, self.blocks, entries, batch.metadata,
+                                                                self.model.attention_scale, self.device)
+                else:
+                    backend = BatchInvariantAttention if self.batch_invariant else PagedAttention
+                    attention = backend(self.cache, batch.metadata, self.model.attention_scale)
                 with row_invariant_products() if self.batch_invariant else nullcontext():
                     hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention,
                                                                   self.taps)
