@@ -102,7 +102,7 @@ def ch02(setup: Setup) -> dict:
     from workbench.roofline import measure_decode_steps, measure_prefill_steps
 
     model = setup.model("llama-3-8b")
-    contexts = setup.sizes([128, 512, 2048, 8192], [16, 32, 64])
+    contexts = setup.sizes([128, 512, 2048, 7936], [16, 32, 64])  # the last below the 8,192-token context
     prefill = measure_prefill_steps(model, [c + 1 for c in contexts])  # recomputing token c + 1 = this prefill
     decode = measure_decode_steps(model, [1], contexts)
     rows = [{"context": c, "cached_step_ms": 1e3 * float(d), "recompute_ms": 1e3 * float(p)}
@@ -111,14 +111,14 @@ def ch02(setup: Setup) -> dict:
 
 
 def ch04(setup: Setup) -> dict:
-    from workbench.roofline import measure_decode_steps, measure_peaks, measure_prefill_steps, place_on_roofline
-
     import pandas as pd
+
+    from workbench.roofline import measure_decode_steps, measure_peaks, measure_prefill_steps, place_on_roofline
 
     model = setup.model("llama-3-8b")
     probes = {"buffer_bytes": 16 * 2**20, "matmul_sizes": (128, 256)} if setup.tiny else {}
     peaks = measure_peaks(setup.device, setup.dtype, **probes)
-    prefill = measure_prefill_steps(model, setup.sizes([128, 512, 2048, 8192], [16, 64]))
+    prefill = measure_prefill_steps(model, setup.sizes([128, 512, 2048, 4096, 8000], [16, 64]))
     decode = measure_decode_steps(model, setup.sizes([1, 8, 64, 256], [1, 4]), [setup.sizes([512], [32])[0]])
     points = place_on_roofline(pd.concat([prefill, decode], ignore_index=True), peaks)
     points["ms"] = points["step_s"] * 1e3
@@ -247,12 +247,13 @@ def ch10(setup: Setup) -> dict:
     prompt = torch.randint(0, model.spec.vocab_size, (48,), generator=gen).tolist()
     runs, tokens = setup.sizes([12], [3])[0], setup.sizes([32], [6])[0]
     out = {"model": "llama-3-8b", "num_layers": model.spec.num_layers}
+    pool = 2048  # blocks of 16 per engine (on a GPU the default pool takes most of the device)
     for invariant in (False, True):
         report = divergence_experiment(model, None, prompt, runs=runs, max_tokens=tokens, max_others=15,
-                                       batch_invariant=invariant)
+                                       batch_invariant=invariant, num_blocks=pool)
         out["invariant" if invariant else "default"] = json.loads(json.dumps(summary(report), default=str))
     prompts = [torch.randint(0, model.spec.vocab_size, (48,), generator=gen).tolist() for _ in range(8)]
-    cost = mode_cost(model, None, prompts, max_tokens=tokens, repeats=2)
+    cost = mode_cost(model, None, prompts, max_tokens=tokens, repeats=2, num_blocks=pool)
     out["mode_cost"] = _frame_records(cost)
     return out
 

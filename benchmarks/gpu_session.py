@@ -8,7 +8,7 @@ hangs or runs over is recorded and the next one starts, so one broken measuremen
 finished comes back even if the call itself is cut off. The same script runs on the CPU in the test suite
 (``--device cpu --tiny``: tiny shapes, same code paths), so it cannot rot between GPU runs.
 
-    PYTHONPATH=. python benchmarks/gpu_session.py --out "$OUT" --budget-s 540          # on the GPU machine
+    python3 benchmarks/gpu_session.py --out "$OUT" --pack --budget-s 540               # on the GPU machine
     python benchmarks/gpu_session.py --device cpu --tiny --out /tmp/dry --budget-s 300  # the dry run
     python benchmarks/gpu_session.py --list                                            # the steps
 
@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -55,7 +57,8 @@ def _steps() -> list[Step]:
     return [
         Step("env", 30, 5, [py, "benchmarks/gpu_session.py", "--describe"],
              [py, "benchmarks/gpu_session.py", "--describe"], "device, driver and library versions"),
-        Step("tests", 160, 60, [*pytest, "-n", "8", "-m", "gpu", "tests/", "--junitxml", "{out}/gpu_tests.xml"],
+        Step("tests", 160, 60, [*pytest, "-n", "8", "-m", "gpu", "{gpu_test_files}", "--junitxml",
+                                "{out}/gpu_tests.xml"],
              [*pytest, "-m", "gpu", "tests/test_gpu_engine.py", "tests/test_kernel_fused_layer_ops.py",
               "--collect-only"], "every test marked gpu (on the CPU: two of its files collected)"),
         Step("engine", 150, 40, [py, "benchmarks/bench_gpu_engine.py", "--json", "{out}/gpu_engine.json"],
@@ -75,6 +78,7 @@ class Session:
     out: Path
     budget_s: float
     dry: bool
+    pack_to: Path | None = None
     started: float = field(default_factory=time.monotonic)
     records: list[dict] = field(default_factory=list)
 
@@ -82,8 +86,14 @@ class Session:
         return self.budget_s - (time.monotonic() - self.started)
 
     def save(self) -> None:
+        """session.json, and everything so far packed into ``<out>/../<name>.tgz`` beside it when ``pack_to`` is
+        set (the device tool brings back only a few files, and only what is under its $OUT)."""
         (self.out / "session.json").write_text(json.dumps({"dry_run": self.dry, "budget_s": self.budget_s,
                                                            "steps": self.records}, indent=1))
+        if self.pack_to is not None:
+            shutil.copy(self.out / "session.json", self.pack_to / "session.json")
+            with tarfile.open(self.pack_to / "session.tgz", "w:gz") as tar:
+                tar.add(self.out, arcname="gpu_session")
 
     def run(self, step: Step, env: dict[str, str]) -> None:
         command = step.dry if self.dry else step.gpu
@@ -104,7 +114,9 @@ class Session:
             print("\n".join(f"    {line[:200]}" for line in tail), flush=True)
 
     def _execute(self, step: Step, command: list[str], limit: float, env: dict[str, str]) -> dict:
-        argv = [part.format(py=sys.executable, out=self.out) for part in command]
+        argv = []
+        for part in command:
+            argv += gpu_test_files() if part == "{gpu_test_files}" else [part.format(py=sys.executable, out=self.out)]
         log = self.out / "logs" / f"{step.name}.log"
         start = time.monotonic()
         with log.open("w") as sink:
@@ -121,6 +133,13 @@ class Session:
                 rc, status = None, "timeout"
         return {"status": status, "rc": rc, "seconds": round(time.monotonic() - start, 1), "limit_s": round(limit),
                 "log": str(log)}
+
+
+def gpu_test_files() -> list[str]:
+    """The test files with GPU tests: collecting the others would fail on the GPU machine, which has no FastAPI,
+    Jupyter or plotly (they test the server, the lab and the notebooks, which CI runs on the CPU)."""
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                  if "mark.gpu" in p.read_text())
 
 
 def environment(dry: bool) -> dict[str, str]:
@@ -160,7 +179,12 @@ def describe() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_out"))
+    parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/gpu_out"),
+                        help="where results and logs go (on the device tool: its $OUT)")
+    parser.add_argument("--pack", action="store_true",
+                        help="work in a folder of its own and keep <out> to two files: session.json and "
+                             "session.tgz with every result and log, refreshed after each step (the device tool "
+                             "brings back a few files only)")
     parser.add_argument("--budget-s", type=float, default=540, help="wall-clock seconds for all steps together")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--tiny", action="store_true", help="with --device cpu: the dry run's tiny shapes")
@@ -184,9 +208,10 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown steps {sorted(unknown)}; see --list")
         steps = [s for s in steps if s.name in wanted]
-    out = Path(args.out)
+    out = Path(tempfile.mkdtemp(prefix="gpu-session-")) if args.pack else Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    session = Session(out, args.budget_s, dry)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    session = Session(out, args.budget_s, dry, pack_to=Path(args.out) if args.pack else None)
     env = environment(dry)
     for step in steps:
         session.run(step, env)

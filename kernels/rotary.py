@@ -6,9 +6,12 @@ copy; at batch 1 on a GPU those launches, not their bytes, are what a small mode
 ``rms_norm``). Here one program per token reads its position, looks up the float32 cos/sin rows itself, and
 rotates every query and key head of that token where the projection wrote them.
 
-Rounding follows PyTorch on the activations' dtype: the tables are first rounded to it (``cos.to(dtype)``),
-then each product and the sum are rounded as the unfused operations round them, so in 16-bit the result is
-bit-for-bit the unfused one. ``rotary`` dispatches by device: CUDA runs the Triton kernel, CPU the reference.
+The kernel computes each rotated value in float32 from the float32 tables and rounds once; the unfused
+operations (the reference) round the tables, both products and the sum to the activations' dtype, so the two
+agree to a rounding step or two (a first version copied every rounding to be bit-exact and still differed on an
+H200 by one step in 16-bit, while matching under the interpreter: the compiled code does not keep an
+intermediate rounding the way the source states it). ``rotary`` dispatches by device: CUDA runs the Triton
+kernel, CPU the reference.
 """
 
 from __future__ import annotations
@@ -16,12 +19,6 @@ from __future__ import annotations
 import torch
 
 from ._common import FLOAT_DTYPES, INDEX_DTYPES, check_launchable, check_tensor, check_unit_last_stride, tl, triton
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr):
-    """Round a float32 value to the activations' dtype and back, as a PyTorch op on that dtype would."""
-    return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -47,19 +44,16 @@ def _rotary_kernel(
     first = qkv_ptr + t * stride_t + h * HEAD_DIM + d
     x1 = tl.load(first, mask=mask, other=0.0)
     x2 = tl.load(first + HALF, mask=mask, other=0.0)
-    dt: tl.constexpr = x1.dtype
     row = pos * stride_table + d
-    c1 = _round(tl.load(cos_ptr + row, mask=d_mask, other=0.0), dt)
-    c2 = _round(tl.load(cos_ptr + row + HALF, mask=d_mask, other=0.0), dt)
-    s1 = _round(tl.load(sin_ptr + row, mask=d_mask, other=0.0), dt)
-    s2 = _round(tl.load(sin_ptr + row + HALF, mask=d_mask, other=0.0), dt)
+    c1 = tl.load(cos_ptr + row, mask=d_mask, other=0.0)
+    c2 = tl.load(cos_ptr + row + HALF, mask=d_mask, other=0.0)
+    s1 = tl.load(sin_ptr + row, mask=d_mask, other=0.0)
+    s2 = tl.load(sin_ptr + row + HALF, mask=d_mask, other=0.0)
     a = x1.to(tl.float32)
     b = x2.to(tl.float32)
-    # first half: x1 * cos - x2 * sin; second half: x2 * cos + x1 * sin; every product and sum rounded
-    out1 = _round(a * c1, dt) + _round(-b * s1, dt)
-    out2 = _round(b * c2, dt) + _round(a * s2, dt)
-    tl.store(first, out1.to(dt), mask=mask)
-    tl.store(first + HALF, out2.to(dt), mask=mask)
+    # "rotate half": first half x1 * cos - x2 * sin, second half x2 * cos + x1 * sin, in float32, rounded once
+    tl.store(first, (a * c1 - b * s1).to(x1.dtype), mask=mask)
+    tl.store(first + HALF, (b * c2 + a * s2).to(x1.dtype), mask=mask)
 
 
 def _check(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,

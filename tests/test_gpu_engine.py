@@ -120,22 +120,30 @@ def _bf16_model(arch: str = "smollm2-135m", heads: tuple[int, int] = (9, 3)):
 
 
 @torch.inference_mode()
-def test_fused_layer_ops_give_the_plain_layers_logits_in_bfloat16():
-    """The fused kernels round as the plain operations do; what can differ is the norm's summation order and
-    exp/rsqrt in the last float32 bit, so the logits agree to bf16 rounding and the greedy tokens agree."""
+def test_fused_layer_ops_are_as_accurate_as_the_plain_layers_in_bfloat16():
+    """Fused and plain bf16 layers round at different places (the fused kernels round less), so neither is the
+    other's bits; both are held against the same weights in float32: the fused path's error must be no larger."""
+    import copy
+
     from workbench.models.attention import NoCacheAttention
 
-    model, spec = _bf16_model()
+    spec = workbench.model_spec("smollm2-135m").replace(num_heads=9, num_kv_heads=3, hidden_size=576,
+                                                        **{**SHAPES, "num_layers": 4})
+    exact = workbench.random_model(spec, device="cuda", dtype=torch.float32, seed=3, std=0.05)
+    model = copy.deepcopy(exact).to(torch.bfloat16)
     ids = torch.randint(0, spec.vocab_size, (70,), generator=torch.Generator().manual_seed(0)).cuda()
     positions = torch.cat([torch.arange(40), torch.arange(30)]).cuda()
     attention = NoCacheAttention([40, 30], model.attention_scale)
-    model.fused_layer_ops = False
-    plain = model.compute_logits(model(ids, positions, attention))
-    model.fused_layer_ops = True
-    fused = model.compute_logits(model(ids, positions, attention))
-    scale = float(plain.abs().max())
-    assert float((plain - fused).abs().max()) <= 0.03 * scale, float((plain - fused).abs().max()) / scale
-    assert float((plain.argmax(-1) == fused.argmax(-1)).float().mean()) >= 0.97
+    reference = exact.compute_logits(exact(ids, positions, attention))
+    errors, agree = {}, {}
+    for fused in (False, True):
+        model.fused_layer_ops = fused
+        logits = model.compute_logits(model(ids, positions, attention))
+        errors[fused] = float((logits - reference).abs().max())
+        agree[fused] = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
+    scale = float(reference.abs().max())
+    assert errors[True] <= 1.25 * errors[False] + 1e-3 * scale, (errors, scale)
+    assert agree[True] >= agree[False] - 0.03, agree
 
 
 def test_a_graphed_decode_step_waits_for_the_device_only_for_its_tokens():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -54,11 +55,19 @@ def test_a_step_that_cannot_fit_in_what_is_left_is_skipped(tmp_path):
 
 
 def test_the_session_runs_as_a_dry_run_on_the_cpu(tmp_path):
+    """``--pack``, as on the device: <out> holds session.json and session.tgz with every result and log."""
     steps = "env,tests,engine,formats,chapter-ch07"
+    out = tmp_path / "out"
     run = subprocess.run([sys.executable, "benchmarks/gpu_session.py", "--device", "cpu", "--tiny", "--out",
-                          str(tmp_path), "--steps", steps, "--budget-s", "300"], cwd=ROOT, capture_output=True,
+                          str(out), "--pack", "--steps", steps, "--budget-s", "300"], cwd=ROOT, capture_output=True,
                          text=True, timeout=360)
     assert run.returncode == 0, run.stdout + run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["session.json", "session.tgz"]
+    with tarfile.open(out / "session.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    tmp_path = tmp_path / "gpu_session"
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(f"{s}.log" for s in steps.split(",")
+                                                                           if s != "formats")
     record = json.loads((tmp_path / "session.json").read_text())
     status = {s["step"]: s["status"] for s in record["steps"]}
     assert status == {"env": "ok", "tests": "ok", "engine": "ok", "formats": "skipped", "chapter-ch07": "ok"}, \

@@ -82,22 +82,21 @@ def _tables(max_pos: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Te
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 128), (5, 5, 80)])
 def test_rotary_rotates_q_and_k_in_place_like_the_reference(device, dtype, heads, kv_heads, head_dim):
+    """Against the unfused operations on the same device; the kernel rounds once where they round three times, so
+    they agree to two rounding steps of the values' scale (the sum of two products may cancel)."""
     width = (heads + 2 * kv_heads) * head_dim
     qkv = _randn(11, width, dtype=dtype, device=device) * 3
     positions = torch.tensor([0, 1, 2, 500, 7, 7, 1023, 64, 3, 900, 12], device=device)
     cos, sin = _tables(1024, head_dim, device)
-    expected = qkv.cpu().clone()
-    rotary_reference(expected, positions.cpu(), cos.cpu(), sin.cpu(), num_heads=heads + kv_heads, head_dim=head_dim)
+    expected = qkv.clone()
+    rotary_reference(expected, positions, cos, sin, num_heads=heads + kv_heads, head_dim=head_dim)
     got = qkv.clone()
     rotary_triton(got, positions, cos, sin, num_heads=heads + kv_heads, head_dim=head_dim)
     rotated = (heads + kv_heads) * head_dim
     assert torch.equal(got.cpu()[:, rotated:], qkv.cpu()[:, rotated:]), "v was touched"
-    if dtype == torch.float32:  # float32 may fuse a product into the sum: one rounding apart
-        _close(got[:, :rotated], expected[:, :rotated], dtype, ulps=4)
-    elif not _rounds_like_a_gpu(device, dtype):  # truncations add up where the two products cancel
-        _close(got[:, :rotated], expected[:, :rotated], dtype, ulps=4, scale=float(qkv.abs().max()))
-    else:  # every product and sum rounded as PyTorch rounds them
-        assert torch.equal(got.cpu(), expected), (got.cpu() - expected).abs().max()
+    assert torch.equal(got.cpu()[0], expected.cpu()[0]), "position 0 (cos 1, sin 0) must be the identity"
+    ulps = 2 if _rounds_like_a_gpu(device, dtype) else 4
+    _close(got[:, :rotated], expected[:, :rotated], dtype, ulps=ulps, scale=float(qkv.abs().max()) / 4)
 
 
 def test_rotary_refuses_a_table_of_the_wrong_width():
@@ -114,8 +113,9 @@ def test_silu_mul_matches_the_reference(device, dtype, width):
     gate_up = _randn(6, 2 * width, dtype=dtype, device=device) * 4
     expected = silu_mul_reference(gate_up.cpu())
     got = silu_mul_triton(gate_up)
-    # exp differs from PyTorch's in the last float32 bit now and then: one rounding step of the output dtype
-    _close(got, expected, dtype, ulps=1.0 if _rounds_like_a_gpu(device, dtype) else 3.0)
+    # exp differs from PyTorch's in the last float32 bit now and then, which can move silu's rounding by a step
+    # (seen on an H200 in float16: 1 of 9,216 values); the product then rounds again
+    _close(got, expected, dtype, ulps=2.0 if _rounds_like_a_gpu(device, dtype) else 3.0)
     with pytest.raises(ValueError, match="must be even"):
         silu_mul_reference(torch.zeros(2, 3))
 

@@ -161,11 +161,13 @@ def summary(report: DivergenceReport) -> dict[str, object]:
 
 
 def mode_cost(model, tokenizer, prompts: list[list[int]], *, max_tokens: int = 32, repeats: int = 3,
-              progress: ProgressFn = no_progress) -> pd.DataFrame:
+              num_blocks: int | None = None, progress: ProgressFn = no_progress) -> pd.DataFrame:
     """Output tokens per second of the same batch with the mode off and on, alternating (off, on, off, on, ...)
-    so that both see the same machine; the first pass of each is a warm-up and is not kept."""
+    so that both see the same machine; the first pass of each is a warm-up and is not kept. ``num_blocks``: each
+    engine's KV pool (on a GPU the default takes most of the device, and the two engines live side by side)."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    engines = {mode: LLMEngine(model, tokenizer, batch_invariant=mode) for mode in (False, True)}
+    engines = {mode: LLMEngine(model, tokenizer, batch_invariant=mode, cache_config=CacheConfig(num_blocks=num_blocks))
+               for mode in (False, True)}
     rows, total = [], 2 * (repeats + 1)
     for r in range(repeats + 1):
         for mode, engine in engines.items():
