@@ -89,7 +89,10 @@ class ServerThread:
 
     def __init__(self, engine: LLMEngine, *, host: str = "127.0.0.1", grace_s: float = 0.0,
                  start_timeout_s: float = 30.0, **app_options):
-        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP, and without it
+        # every response on a keep-alive connection waited ~40 ms (Nagle against the client's delayed ACK).
+        self._sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                                   socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, 0))  # the OS picks a free port; the bound socket goes to uvicorn, no race
         self.host, self.port = host, self._sock.getsockname()[1]
