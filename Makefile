@@ -1,7 +1,7 @@
 # KV Workbench: two commands on a fresh machine (Python 3.11+):
 #   make lab    set everything up, then open JupyterLab on notebooks/
-#   make test   set everything up (and guidellm, a load generator the suite drives), then run the whole test
-#               suite (notebooks included)
+#   make test   set everything up (and guidellm and schemathesis, a load generator and an API fuzzer the suite
+#               drives), then run the whole test suite (notebooks included)
 # Set-up is incremental: a second run only checks stamps and takes seconds.
 
 PYTHON ?= python3
@@ -20,6 +20,11 @@ INSTALL_STAMP := $(VENV)/.installed
 GUIDELLM_SPEC ?= guidellm==0.8.1
 GUIDELLM_VENV ?= .venv-guidellm
 GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed
+# schemathesis (a third-party API fuzzer, tests/test_schemathesis.py) in a venv of its own too, for the same reason;
+# its install may fail the same way, and the test then skips.
+SCHEMATHESIS_SPEC ?= schemathesis==4.32.5
+SCHEMATHESIS_VENV ?= .venv-schemathesis
+SCHEMATHESIS_STAMP := $(SCHEMATHESIS_VENV)/.installed
 PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers, a whole file (or notebook) per worker at a time, the longest files
 # first, each worker with its share of the cores for torch (all in tests/conftest.py). TEST_WORKERS=0 runs it in
@@ -27,7 +32,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: setup model guidellm lab test test-fast lint bench clean docs docs-serve
+.PHONY: setup model guidellm schemathesis lab test test-fast lint bench clean docs docs-serve
 
 setup: $(INSTALL_STAMP) $(MODEL_STAMP)
 
@@ -55,11 +60,19 @@ $(GUIDELLM_STAMP):
 
 guidellm: $(GUIDELLM_STAMP)
 
+$(SCHEMATHESIS_STAMP):
+	-test -x $(SCHEMATHESIS_VENV)/bin/python || $(PYTHON) -m venv $(SCHEMATHESIS_VENV)
+	-$(SCHEMATHESIS_VENV)/bin/python -m pip install -q "$(SCHEMATHESIS_SPEC)" && $(SCHEMATHESIS_VENV)/bin/st --version \
+		&& touch $@ || echo "could not install $(SCHEMATHESIS_SPEC) into $(SCHEMATHESIS_VENV); tests/test_schemathesis.py will skip"
+
+schemathesis: $(SCHEMATHESIS_STAMP)
+
 lab: setup
 	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
 
-# The whole suite also drives a third-party load generator (guidellm, its own venv); `make lab` does not need it.
-test: setup guidellm
+# The whole suite also drives two third-party programs (guidellm and schemathesis, each in its own venv); `make lab`
+# needs neither.
+test: setup guidellm schemathesis
 	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
@@ -83,4 +96,4 @@ bench: setup
 	for b in $(BENCHMARKS); do echo "== $$b"; $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(GUIDELLM_VENV) .pytest_cache test-artifacts site
+	rm -rf $(VENV) $(GUIDELLM_VENV) $(SCHEMATHESIS_VENV) .pytest_cache test-artifacts site

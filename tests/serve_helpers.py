@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
@@ -56,3 +57,30 @@ def wait_idle(server: ServerThread, timeout_s: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the engine still has unfinished requests after {timeout_s} s")
         time.sleep(0.05)
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of the server's /metrics: (sample name, labels, value)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def metric_total(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(v for n, lab, v in samples if n == name and labels.items() <= lab.items())
+
+
+IDLE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+def wait_metrics_idle(url: str, timeout_s: float = 15.0) -> dict[str, float]:
+    """Until /metrics reads no request running or waiting and an idle KV cache (what a client sees, no engine
+    access); AssertionError with the last readings if that does not happen in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = scrape(url)
+        gauges = {name: metric_total(samples, name) for name in IDLE_GAUGES}
+        if not any(gauges.values()):
+            return gauges
+        assert time.monotonic() < deadline, f"still busy {timeout_s} s later: {gauges}"
+        time.sleep(0.1)

@@ -20,7 +20,7 @@ a 500 that keeps the connection). With ``api_key`` every path under ``/v1`` and 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from importlib.metadata import version as package_version
 
@@ -31,12 +31,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from workbench.engine.llm_engine import LLMEngine
+from workbench.hosted.pricing import models as hosted_models
 from workbench.serve.anthropic_messages import hosted_router
 from workbench.serve.engine_loop import DEFAULT_RETAIN_FINISHED, EngineLoop
 from workbench.serve.errors import SERVER_ERROR, APIError, GuardedRoute, error_response, install_error_handlers
 from workbench.serve.generation import Generator
 from workbench.serve.guards import DEFAULT_MAX_BODY_BYTES, ApiKeyGuard, BodySizeLimit, json_body_edge
 from workbench.serve.metrics import ServingMetrics
+from workbench.serve.openapi import ServerFacts, install_openapi
 from workbench.serve.pipeline import Pipeline
 from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from workbench.serve.text_workers import DEFAULT_TEXT_WORKERS, TextWorkers
@@ -100,10 +102,21 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
     app.include_router(v1)
     app.include_router(hosted_router(pipeline))
     _add_service_routes(app, loop, generator)
-    unguarded = [r.path for r in app.routes if isinstance(r, APIRoute) and not isinstance(r, GuardedRoute)]
+    unguarded = [r.path for r in _api_routes(app.routes) if not isinstance(r, GuardedRoute)]
     if unguarded:
         raise RuntimeError(f"routes without GuardedRoute: {unguarded}")
+    install_openapi(app, ServerFacts(model_name, engine.scheduler_config.max_num_seqs, pipeline.vocab_size,
+                                     tuple(hosted_models("anthropic")), tuple(hosted_models("openai")), bool(api_key)))
     return app
+
+
+def _api_routes(routes: list) -> Iterator[APIRoute]:
+    """Every APIRoute, those of included routers too (FastAPI keeps an included router as one entry)."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        elif getattr(route, "original_router", None) is not None:
+            yield from _api_routes(route.original_router.routes)
 
 
 def workbench_version() -> str:
