@@ -81,7 +81,20 @@ def provenance(setup: Setup, chapter: str) -> dict:
         versions.update(triton=triton.__version__, cuda=torch.version.cuda)
     return {"chapter": chapter, "device": device_name(setup.device), "dtype": str(setup.dtype).replace("torch.", ""),
             "date": datetime.date.today().isoformat(), "versions": versions, "tiny": setup.tiny,
-            "command": " ".join(["python", "benchmarks/gpu_chapters.py", *sys.argv[1:]])}
+            "command": " ".join(["python", "benchmarks/gpu_chapters.py", *_without_out(sys.argv[1:])])}
+
+
+def _without_out(argv: list[str]) -> list[str]:
+    """The command line without ``--out DIR``: where a run wrote its files says nothing about the measurement."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--out":
+            skip = True
+        elif not arg.startswith("--out="):
+            kept.append(arg)
+    return kept
 
 
 def _frame_records(frame) -> list[dict]:
@@ -246,7 +259,7 @@ def ch10(setup: Setup) -> dict:
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.spec.vocab_size, (48,), generator=gen).tolist()
     runs, tokens = setup.sizes([12], [3])[0], setup.sizes([32], [6])[0]
-    out = {"model": "llama-3-8b", "num_layers": model.spec.num_layers}
+    out = {"model": "llama-3-8b", "num_layers": model.spec.num_layers, "max_tokens": tokens, "max_others": 15}
     pool = 2048  # blocks of 16 per engine (on a GPU the default pool takes most of the device)
     for invariant in (False, True):
         report = divergence_experiment(model, None, prompt, runs=runs, max_tokens=tokens, max_others=15,

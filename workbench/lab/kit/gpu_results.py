@@ -39,7 +39,7 @@ class GpuResult:
     @property
     def label(self) -> str:
         """What every figure or sentence drawn from this file says about where it comes from."""
-        return f"{self.device}, {self.dtype}, measured {self.date}"
+        return f"{self.device}, {self.dtype}, {self.date}"
 
     @classmethod
     def load(cls, path: Path) -> GpuResult:
