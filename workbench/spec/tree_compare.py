@@ -57,14 +57,15 @@ class Layout:
 
 
 def layouts_at_budget(nodes: int, method: str = "draft", top_k: int = 3) -> list[Layout]:
-    """A chain of ``nodes`` drafts, a static tree of ``nodes`` nodes (``STATIC_AT_BUDGET``) and a dynamic tree of
-    ``nodes`` nodes, all verifying ``nodes + 1`` positions per pass."""
-    if nodes not in STATIC_AT_BUDGET:
-        raise ValueError(f"no static tree of {nodes} nodes is listed: choose one of {sorted(STATIC_AT_BUDGET)}")
-    branching = STATIC_AT_BUDGET[nodes]
-    depth = min(16, max(len(branching) + 1, nodes // top_k + 1))
-    return [Layout(f"chain K={nodes}", SpecConfig(method, nodes)),
-            Layout(f"static {branching}", SpecConfig(method, tree_branching=branching)),
+    """A chain of ``nodes`` drafts (at most 16, the engine's deepest), a static tree of ``nodes`` nodes when
+    ``STATIC_AT_BUDGET`` lists one, and a dynamic tree of ``nodes`` nodes, all verifying ``nodes + 1`` positions per
+    pass (the chain ``min(nodes, 16) + 1``)."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    branching = STATIC_AT_BUDGET.get(nodes)
+    depth = min(16, max(len(branching or ()) + 1, nodes // top_k + 1))
+    static = [Layout(f"static {branching}", SpecConfig(method, tree_branching=branching))] if branching else []
+    return [Layout(f"chain K={min(nodes, 16)}", SpecConfig(method, min(nodes, 16))), *static,
             Layout(f"dynamic {nodes} nodes, top-{top_k}, depth {depth}",
                    SpecConfig(method, depth, tree_budget=nodes, tree_top_k=top_k))]
 
