@@ -66,3 +66,43 @@ def test_unsupported_architecture_is_rejected():
         ModelSpec.from_hf_config({"model_type": "gpt2"})
     with pytest.raises(ValueError, match="multiple"):
         workbench.model_spec("llama-3-8b").replace(num_kv_heads=5)
+
+
+def test_a_device_this_build_cannot_use_is_a_one_line_error(capsys, monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)  # a CPU build, as the workshop machines have
+    assert main(["generate", "hi", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: device 'cuda'") and "CPU build" in err and "--device cpu" in err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert main(["info", "--device", "gpu"]) == 2
+    assert "unknown device 'gpu': use cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
+def test_an_architecture_asked_for_text_is_explained_not_unknown(capsys):
+    assert main(["generate", "hi", "--model", "llama-3-8b"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown" not in err and "without trained weights" in err
+    assert "workbench info --model llama-3-8b" in err and "['smollm2-135m']" in err
+
+
+def test_info_sizes_a_gpu_deployment_in_the_checkpoint_dtype_and_says_so(capsys):
+    assert main(["info", "--model", "llama-3-70b", "--tensor-parallel", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16 (the checkpoint's" in out and "327,680 B (320.0 KiB)" in out  # 2 x 80 x 8 x 128 x 2 bytes
+    assert "weights per GPU (even split)  16.43 GiB" in out and "70.55 B" in out
+    assert "device" not in out  # an architecture-only query runs nothing here
+    assert main(["info", "--model", "llama-3-70b", "-tp", "8", "--dtype", "float32"]) == 0
+    out = capsys.readouterr().out
+    assert "float32 (--dtype)" in out and "655,360 B" in out
+    assert main(["info"]) == 0  # the real model on one device: what `workbench generate` runs
+    assert "float32 (as workbench generate runs it" in capsys.readouterr().out
+
+
+def test_help_is_plain_text_and_names_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "`" not in out.split("positional")[0]
+    for command in ("generate", "info", "fetch", "serve", "bench"):
+        assert f"workbench {command}" in out
+    assert "135 million parameters" in out

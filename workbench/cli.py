@@ -1,12 +1,14 @@
-"""The ``workbench`` command: generate text, describe a model, fetch the real weights.
+"""The workbench command: generate text, describe a model or an architecture, fetch the real weights, serve the
+engine over HTTP and measure any OpenAI-compatible server.
 
     workbench generate "Explain the KV cache in one sentence."
-    workbench info [--model llama-3-8b]
+    workbench info [--model llama-3-70b] [--tensor-parallel 8]
     workbench fetch
     workbench serve [--port 8000] [--api-key KEY]      an OpenAI-compatible server with /metrics
     workbench bench --base-url URL | --start-server    a load generator for any OpenAI-compatible server
 
-Bad input (an empty prompt, a negative temperature, ...) ends with a one-line error and exit status 2.
+Bad input (an empty prompt, a negative temperature, a device this build has not got, ...) ends with a one-line
+error and exit status 2.
 """
 
 from __future__ import annotations
@@ -17,17 +19,25 @@ import sys
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What `workbench --help` shows: this module's docstring is the description (plain text, no markup).
+HELP_EPILOG = """\
+Every command has its own --help (workbench generate --help, ...).
+The text model is SmolLM2-135M-Instruct, 135 million parameters: it answers fluently and is often wrong; that
+is the model's size, not the engine. llama-3-8b, llama-3-70b and the other architectures have no trained
+weights here: workbench info sizes them, and random-weight copies time them."""
 
 
 def _parser() -> argparse.ArgumentParser:
     from workbench.models.int8_linear import WEIGHT_FORMATS
 
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n\nBad input")[0],
+                                     epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="stream a completion and report TTFT and tokens/s")
     gen.add_argument("prompt")
-    gen.add_argument("--model", default="smollm2-135m")
+    gen.add_argument("--model", default="smollm2-135m",
+                     help="a model with real weights (default smollm2-135m, the only one)")
     gen.add_argument("--max-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -44,10 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="device, dtype, model shape and KV bytes per token")
     info.add_argument("--model", default="smollm2-135m",
                       help="a real model or any architecture in datasets/configs")
-    info.add_argument("--device", default=None)
+    info.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     info.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                      help="KV and weight dtype (default: float32, the CPU engine's, for models it runs; the "
-                           "checkpoint's for architectures it only sizes)")
+                      help="KV and weight dtype of the sizes (default: the checkpoint's, bfloat16 for most, as a GPU "
+                           "serves it; float32 for the real model on one device, as `workbench generate` runs it)")
     info.add_argument("--context", type=int, default=None, metavar="N",
                       help="context for the per-sequence KV lines (default: the model's max_position_embeddings)")
     info.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="weight format for the sizes shown")
@@ -101,18 +111,20 @@ def _generate(args: argparse.Namespace) -> None:
 def _info(args: argparse.Namespace) -> None:
     from workbench.cache.kv_layout import kv_layout, layout_from_spec
     from workbench.cache.sizing import kv_bytes_per_token, weight_bytes
-    from workbench.models import checkpoint_dir, default_device, model_spec
+    from workbench.models import checkpoint_dir, model_spec, resolve_device
     from workbench.models.convert import PROVENANCE_FILE
-    from workbench.models.registry import REAL_MODELS, config_names
+    from workbench.models.registry import _ALIASES, REAL_MODELS, config_names
 
     if args.context is not None and args.context < 1:
         raise ValueError(f"--context must be >= 1, got {args.context}")
-    device = torch.device(args.device) if args.device else default_device()
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    if args.model.lower() not in REAL_MODELS and args.model not in config_names():
+    device = resolve_device(args.device)
+    runs_here = args.model.lower() in REAL_MODELS or args.model.lower() in _ALIASES
+    device_row = [("device", torch.cuda.get_device_name(device) if device.type == "cuda"
+                   else f"cpu ({torch.get_num_threads()} threads)")] if runs_here else []
+    if not runs_here and args.model not in config_names():
         layout = kv_layout(args.model)  # sized, not run: MLA, linear attention, MoE
-        dtype_name = args.dtype or layout.checkpoint_dtype
-        rows = [("device", name), ("dtype", dtype_name), ("model", layout.name),
+        dtype_name, why = _sizing_dtype(args, layout.checkpoint_dtype, runs_here=False)
+        rows = [("dtype", f"{dtype_name} ({why})"), ("model", layout.name),
                 ("architecture", f"{layout.model_type}: {layout.num_layers} layers, {layout.num_query_heads} query "
                                  "heads"), ("max context", layout.max_position_embeddings)]
         rows += _group_rows(layout, args, DTYPES[dtype_name])
@@ -120,15 +132,15 @@ def _info(args: argparse.Namespace) -> None:
         _print_rows(rows)
         return
     spec = model_spec(args.model)
-    dtype_name = args.dtype or "float32"
+    dtype_name, why = _sizing_dtype(args, spec.checkpoint_dtype, runs_here=runs_here)
     dtype = DTYPES[dtype_name]
     per_token = kv_bytes_per_token(spec, dtype)
     rows = [
-        ("device", name),
-        ("dtype", dtype_name),
+        *device_row,
+        ("dtype", f"{dtype_name} ({why})"),
         ("model", spec.name),
-        ("parameters", f"{spec.num_parameters() / 1e6:,.1f} M"),
-        ("weight bytes", f"{weight_bytes(spec, dtype, args.weights) / 2**20:,.1f} MiB (weights {args.weights})"),
+        ("parameters", _count(spec.num_parameters())),
+        ("weight bytes", f"{_bytes(weight_bytes(spec, dtype, args.weights))} (weights {args.weights})"),
         ("layers", spec.num_layers),
         ("hidden size", spec.hidden_size),
         ("attention", f"{spec.attention_kind}: {spec.num_heads} query heads, {spec.num_kv_heads} KV heads, "
@@ -148,6 +160,24 @@ def _info(args: argparse.Namespace) -> None:
     else:
         rows.append(("weights", "architecture only (random weights via workbench.random_model)"))
     _print_rows(rows)
+
+
+def _sizing_dtype(args: argparse.Namespace, checkpoint_dtype: str, *, runs_here: bool) -> tuple[str, str]:
+    """The dtype the sizes are in, and why: the one asked for; float32 for the real model on one device (what
+    `workbench generate` runs); otherwise the checkpoint's (bfloat16 for most), what a GPU deployment serves."""
+    if args.dtype:
+        return args.dtype, "--dtype"
+    if runs_here and args.tensor_parallel == 1 and args.pipeline_parallel == 1:
+        return "float32", "as workbench generate runs it; --dtype bfloat16 for a GPU's sizes"
+    return checkpoint_dtype, "the checkpoint's, as a GPU serves it; --dtype to change"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:,.2f} B" if n >= 1e9 else f"{n / 1e6:,.1f} M"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def _print_rows(rows: list[tuple[str, object]]) -> None:

@@ -12,9 +12,11 @@ from workbench.models.registry import (
     load_tokenizer,
     model_spec,
     random_model,
+    resolve_device,
 )
 
 __all__ = [
     "LlamaModel", "ModelNotFoundError", "checkpoint_dir", "config_names", "default_device", "fetch_model",
     "load_model", "load_reference_model", "load_tokenizer", "model_spec", "random_model",
+    "resolve_device",
 ]

@@ -55,10 +55,16 @@ def config_names() -> list[str]:
 
 def _real(name: str) -> RealModel:
     key = _ALIASES.get(name.lower(), name.lower())
-    if key not in REAL_MODELS:
-        raise ValueError(f"unknown model {name!r}: real models are {sorted(REAL_MODELS)}; "
-                         f"random-weight architectures (workbench.random_model) are {config_names()}")
-    return REAL_MODELS[key]
+    if key in REAL_MODELS:
+        return REAL_MODELS[key]
+    real = sorted(REAL_MODELS)
+    if name in architecture_names():
+        raise ValueError(f"{name!r} is an architecture without trained weights here: it is for sizing (`workbench info "
+                         f"--model {name}`) and timing (workbench.random_model({name!r}), random weights whose text "
+                         f"is noise), not for text. Models with real weights: {real}")
+    sized = [arch for arch in architecture_names() if arch not in {m.config for m in REAL_MODELS.values()}]
+    raise ValueError(f"unknown model {name!r}: models with real weights are {real}; architectures for sizing "
+                     f"and timing only are {sized}")
 
 
 def model_spec(name: str) -> ModelSpec:
@@ -98,6 +104,28 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The device asked for, or the default; a device this PyTorch build or machine cannot use is a ValueError
+    that says why (torch itself fails later, with a traceback from deep inside the first copy)."""
+    if device is None:
+        return default_device()
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {device!r}: use cpu, cuda or cuda:N") from exc
+    if resolved.type == "cuda":
+        if torch.version.cuda is None:
+            raise ValueError(f"device {str(device)!r}: this PyTorch ({torch.__version__}) is a CPU build, without "
+                             "CUDA; use --device cpu (or leave --device out)")
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r}: PyTorch has CUDA but sees no GPU here; use --device cpu")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} GPU(s) are visible")
+    elif resolved.type != "cpu":
+        raise ValueError(f"device {str(device)!r} is not supported by this engine: use cpu, cuda or cuda:N")
+    return resolved
+
+
 def _empty_model(spec: ModelSpec, dtype: torch.dtype, device: torch.device | str) -> LlamaModel:
     # Build on the meta device, then allocate: skips the default initializers, which cost seconds.
     with torch.device("meta"):
@@ -121,9 +149,10 @@ def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32
     ``weights``: ``auto`` keeps every weight in ``dtype``; ``int8`` / ``int8_all`` store the linear layers in int8
     (`workbench.models.int8_linear`)."""
     check_weight_format(weights)
+    device = resolve_device(device)
     path = _require_checkpoint(name)
     spec = model_spec(name)
-    model = _empty_model(spec, dtype, device or default_device())
+    model = _empty_model(spec, dtype, device)
     load_safetensors_dir(model, path)
     return quantize_model_weights(model, weights), load_tokenizer(name)
 
