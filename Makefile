@@ -32,7 +32,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: setup model guidellm schemathesis lab test test-fast lint bench clean docs docs-serve
+.PHONY: setup model guidellm schemathesis lab lab-settings test test-fast lint bench clean docs docs-serve
 
 setup: $(INSTALL_STAMP) $(MODEL_STAMP)
 
@@ -67,8 +67,22 @@ $(SCHEMATHESIS_STAMP):
 
 schemathesis: $(SCHEMATHESIS_STAMP)
 
-lab: setup
-	$(BIN)/jupyter lab --ServerApp.root_dir=notebooks
+# JupyterLab refuses to start as root (the usual user in workshop containers) unless told --allow-root.
+# LAB_ARGS adds options, e.g. make lab LAB_ARGS="--no-browser --port 8890".
+LAB_ARGS ?=
+LAB_FLAGS := --ServerApp.root_dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+# Lab-wide settings shipped in the venv (a user's own settings still win): no "get Jupyter news?" toast over the
+# figures, no update check (the workshop network may be closed).
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+
+$(LAB_OVERRIDES): | $(INSTALL_STAMP)
+	mkdir -p $(dir $@)
+	printf '%s\n' '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
+lab-settings: $(LAB_OVERRIDES)
+
+lab: setup lab-settings
+	$(BIN)/jupyter lab $(LAB_FLAGS) $(LAB_ARGS)
 
 # The whole suite also drives two third-party programs (guidellm and schemathesis, each in its own venv); `make lab`
 # needs neither.
