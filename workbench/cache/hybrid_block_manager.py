@@ -230,13 +230,15 @@ class HybridBlockManager:
         if not 0 <= start <= end <= seq.num_reserved:
             raise ValueError(f"need 0 <= start <= end <= {seq.num_reserved} (reserved slots of seq_id "
                              f"{seq_id!r}), got start={start}, end={end}")
-        table, size = seq.tables[group], self.block_size
-        out = []
-        for position in range(start, end):
-            block = table[position // size]
-            if block == HOLE:
+        table, size, out, position = seq.tables[group], self.block_size, [], start
+        while position < end:  # one run of slots per block
+            index, offset = divmod(position, size)
+            if table[index] == HOLE:
                 raise ValueError(f"position {position} of seq_id {seq_id!r} left group {group}'s window")
-            out.append(block * size + position % size)
+            count = min(size - offset, end - position)
+            base = table[index] * size + offset
+            out.extend(range(base, base + count))
+            position += count
         return out
 
     @property

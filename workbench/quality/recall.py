@@ -54,13 +54,19 @@ def make_items(tokenizer, lengths: list[int], per_length: int, seed: int = 0) ->
             for i in range(per_length)]
 
 
-def run_recall(model, tokenizer, items: list[RecallItem], kv_format: str = "auto", *,
-               progress: bool = False) -> pd.DataFrame:
-    """Greedy answers through an engine with the given KV format; one row per item with ``correct``."""
+def recall_engine(model, tokenizer, items: list[RecallItem], kv_format: str = "auto") -> LLMEngine:
+    """The engine `run_recall` answers with: 8 sequences at a time, a step budget sized to the prompts."""
     longest = max(len(i.prompt_ids) for i in items) + 8
-    engine = LLMEngine(model, tokenizer, cache_config=CacheConfig(kv_cache_dtype=kv_format),
-                       scheduler_config=SchedulerConfig(max_num_batched_tokens=max(512, min(longest, 2048)),
-                                                        max_num_seqs=8))
+    return LLMEngine(model, tokenizer, cache_config=CacheConfig(kv_cache_dtype=kv_format),
+                     scheduler_config=SchedulerConfig(max_num_batched_tokens=max(512, min(longest, 2048)),
+                                                      max_num_seqs=8))
+
+
+def run_recall(model, tokenizer, items: list[RecallItem], kv_format: str = "auto", *,
+               progress: bool = False, engine: LLMEngine | None = None) -> pd.DataFrame:
+    """Greedy answers through an engine with the given KV format (or through ``engine``, e.g. to read its metrics
+    afterwards); one row per item with ``correct``."""
+    engine = engine or recall_engine(model, tokenizer, items, kv_format)
     outputs = engine.generate([i.prompt_ids for i in items], SamplingParams(max_tokens=8), progress=progress)
     rows = []
     for item, out in zip(items, outputs, strict=True):

@@ -1,0 +1,113 @@
+"""Chapter 2's figures of the 2025-26 architectures' KV caches (`workbench.lab.ch02.architectures`):
+
+* ``ArchitectureLab``: per architecture, the bytes one sequence holds at a chosen context, stacked by layer group
+  (full, sliding, MLA, linear-attention state), and how many sequences' KV fits an 80 GB GPU; controls for the
+  context, the tensor-parallel degree (watch MLA stay put) and the KV dtype. Computed, so it runs in milliseconds;
+* ``sliding_figure``: the engine's KV-group allocator live, each group's blocks against the tokens computed;
+* ``whatif_figure``: the what-if's quality cost beside the memory it saves.
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from workbench.lab.ch02.architectures import ArchitectureSizes, SlidingRun, architecture_sizes
+from workbench.lab.kit.figures import set_trace, style
+from workbench.lab.kit.panel import LabPanel
+
+KIND_COLORS = {"full": "#1f77b4", "sliding": "#2ca02c", "mla": "#d62728", "linear": "#9467bd"}
+COMPUTED = "computed from datasets/configs with vLLM's layouts (no weights built)"
+
+
+def _kind(group: str) -> str:
+    return group.split()[0]
+
+
+class ArchitectureLab(LabPanel):
+    """Bytes per sequence by layer group, and sequences that fit, for every architecture at one context."""
+
+    def __init__(self, *, context: int = 131072, tp: int = 1, kv_dtype: str = "bfloat16"):
+        style_ = {"description_width": "initial"}
+        self.context = widgets.Dropdown(options=[8192, 32768, 131072], value=context, description="context",
+                                        style=style_)
+        self.tp = widgets.Dropdown(options=[1, 2, 4, 8], value=tp, description="tensor parallel", style=style_)
+        self.kv_dtype = widgets.Dropdown(options=["bfloat16", "fp8_e4m3"], value=kv_dtype, description="KV dtype",
+                                         style=style_)
+        fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.22, column_widths=[0.6, 0.4],
+                            subplot_titles=("KV of one sequence, by layer group (GiB)",
+                                            "sequences whose KV fits 90% of 80 GB"))
+        for kind, color in KIND_COLORS.items():
+            fig.add_bar(name=kind, orientation="h", marker_color=color, row=1, col=1)
+        fig.add_bar(name="sequences", orientation="h", marker_color="#7f7f7f", showlegend=False,
+                    textposition="outside", row=1, col=2)
+        fig.update_layout(barmode="stack")
+        fig.update_yaxes(autorange="reversed")
+        self.figure = style(fig, "The KV cache of 2025-26 architectures", COMPUTED, height=480)
+        super().__init__([self.context, self.tp, self.kv_dtype], [self.figure])
+
+    def measure(self) -> ArchitectureSizes:
+        return architecture_sizes(contexts=(self.context.value,), tp=self.tp.value, kv_dtype=self.kv_dtype.value)
+
+    def draw(self) -> None:
+        sizes: ArchitectureSizes = self.result
+        frame = sizes.frame.assign(kind=sizes.frame["group"].map(_kind))
+        models = list(dict.fromkeys(frame["model"]))
+        context = int(frame["context"].iloc[0])
+        with self.figure.batch_update():
+            for kind in KIND_COLORS:
+                per_model = frame[frame.kind == kind].groupby("model")["bytes_per_sequence"].sum()
+                set_trace(self.figure, kind, y=models, x=[per_model.get(m, 0) / 2**30 for m in models])
+            counts = [sizes.sequences(m, context) for m in models]
+            set_trace(self.figure, "sequences", y=models, x=counts, text=[f"{c:,}" for c in counts])
+            self.figure.layout.title.text = (f"The KV cache of 2025-26 architectures at {context:,} tokens "
+                                             f"({sizes.kv_dtype}, TP {sizes.tp})")
+        llama, mla = sizes.per_token("llama-3.1-70b", context), sizes.per_token("deepseek-v3", context)
+        split = (" (TP splits the Llama's 8 KV heads across ranks but copies MLA's single latent to every rank)"
+                 if sizes.tp > 1 else "")
+        self.status.value = (
+            f"At {context:,} tokens, on one GPU (TP {sizes.tp}): Llama-3.1-70B holds {llama / 1024:,.0f} KiB per "
+            f"token of context, DeepSeek-V3's MLA {mla / 1024:,.0f} KiB, the Llama <b>{llama / mla:.1f}x</b> the "
+            f"MLA model's{split}; 90% of an 80 GB GPU holds {sizes.sequences('llama-3.1-70b', context):,} against "
+            f"{sizes.sequences('deepseek-v3', context):,} of their sequences.")
+
+    def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        sizes: ArchitectureSizes = self.result
+        table = sizes.frame.pivot_table(index="model", columns="group", values="bytes_per_sequence", aggfunc="sum",
+                                        fill_value=0)
+        return [("bytes per sequence by layer group", table)]
+
+
+def sliding_figure(run: SlidingRun) -> go.Figure:
+    """Blocks each KV group holds while one sequence grows: the windowed groups flatten at the window, the full
+    group climbs with the context; the dotted line counts the blocks the windows let go of."""
+    fig = go.Figure()
+    frame = run.frame
+    for name in run.window_groups + run.full_groups:
+        sliding = name in run.window_groups
+        fig.add_scatter(x=frame["tokens"], y=frame[name], mode="lines", name=name,
+                        line={"color": KIND_COLORS["sliding" if sliding else "full"], "width": 1 if sliding else 3})
+    fig.add_scatter(x=frame["tokens"], y=frame["slid_blocks"], mode="lines", name="blocks let go of (all groups)",
+                    line={"color": "#7f7f7f", "dash": "dot"})
+    fig.update_xaxes(title_text="tokens computed")
+    fig.update_yaxes(title_text="blocks held", rangemode="tozero")
+    return style(fig, f"The KV-group allocator live: a {run.window}-token window on five layers of six",
+                 f"SmolLM2-135M, blocks of {run.block_size} tokens, one sequence", height=440)
+
+
+def whatif_figure(table: pd.DataFrame) -> go.Figure:
+    """Quality kept (recall, perplexity ratio) beside memory kept (KV per sequence and the engine's peak), each
+    window against full attention."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("quality", "memory, × full attention"))
+    recall_cols = [c for c in table.columns if c.startswith("recall@")]
+    for label, row in table.iterrows():
+        fig.add_bar(name=str(label), x=[c.removeprefix("recall@") + " tok recall" for c in recall_cols]
+                    + ["perplexity ÷ full"], y=[row[c] for c in recall_cols] + [row["perplexity_vs_full"]],
+                    row=1, col=1)
+        fig.add_bar(name=str(label), x=["KV per sequence", "engine's peak KV"], showlegend=False,
+                    y=[row["kv_vs_full"], row["peak_vs_full"]], row=1, col=2)
+    fig.update_layout(barmode="group")
+    return style(fig, "What the window costs and what it saves (a what-if: SmolLM2 was trained without windows)",
+                 "SmolLM2-135M-Instruct, dequantized Q4_1 weights, fp32; measured here", height=440)
