@@ -133,8 +133,8 @@ def fit_to_context(params: SamplingParams, requested_max_tokens: int | None, num
 
 def _context_exceeded(requested: int | None, num_prompt_tokens: int, max_context: int, field: str) -> APIError:
     if requested is None:
-        message = (f"this model's maximum context length is {max_context} tokens, and the {field} alone has "
-                   f"{num_prompt_tokens} tokens: shorten the {field}")
+        message = (f"this model's maximum context length is {max_context} tokens, and {num_prompt_tokens} tokens "
+                   f"are in the {field} alone: shorten the {field}")
         param = field
     else:
         message = (f"this model's maximum context length is {max_context} tokens, you requested "

@@ -22,6 +22,7 @@ from pydantic.json_schema import models_json_schema
 
 from workbench.serve.errors import MESSAGES_PATH
 from workbench.serve.guards import GUARDED_PREFIXES
+from workbench.serve.schemas import SEED_RANGE
 
 
 class ErrorInfo(BaseModel):
@@ -239,6 +240,9 @@ def _responses(path: str, doc: RouteDoc, facts: ServerFacts) -> dict:
 
 def _state_limits(schemas: dict, facts: ServerFacts) -> None:
     """The limits only the built engine knows, into the request schemas."""
+    for name in ("CompletionRequest", "ChatCompletionRequest", "CachedChatRequest"):
+        # FastAPI's OpenAPI models hold bounds as floats, and 2**63 - 1 does not survive that
+        _member(schemas[name]["properties"]["seed"], "integer").update(minimum=SEED_RANGE[0], maximum=SEED_RANGE[1])
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         props = schemas[name]["properties"]
         props["n"]["maximum"] = facts.max_num_seqs
