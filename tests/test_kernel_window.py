@@ -138,9 +138,9 @@ def test_triton_kernels_match_the_references(device, dtype, window, num_heads, n
 def test_window_wider_than_the_context_is_plain_causal_attention():
     query, kv, starts = _prefill_case("cpu", torch.float32, 8, 2)
     args = (kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, 0.125)
+    atol, rtol = TOLERANCES[torch.float32]
     torch.testing.assert_close(paged_prefill_attention_cpu(query, *args, window=10_000),
-                               paged_prefill_attention_cpu(query, *args), **dict(zip(("atol", "rtol"),
-                                                                                     TOLERANCES[torch.float32])))
+                               paged_prefill_attention_cpu(query, *args), atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("window", [0, -3, 2.5, True])
