@@ -1,6 +1,8 @@
 """The course site: `mkdocs build` from the stored notebooks, then every chapter page opened in headless
 Chromium with every host but 127.0.0.1 blocked. Each stored figure must render as a laid-out plotly plot, the
-page must log no error and ask no other host for anything; screenshots of two pages go to test-artifacts/."""
+page must log no error and ask no other host for anything, no table may be wider than the column it sits in (at a
+desktop and a laptop width), no output may show a Python object's repr instead of the object, and every chapter
+ends with links to the previous and next pages; screenshots of two pages go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -22,6 +24,18 @@ from notebook_outputs import count_figures
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "notebooks").glob("ch[0-9][0-9]_*.ipynb"))
 SCREENSHOTS = {"ch01_attention", "ch02_kv_cache"}
+VIEWPORT_WIDTHS = (1400, 1000)  # a desktop, and a laptop where Material drops the right-hand table of contents
+# What a notebook output shows when a display object was printed instead of displayed: <IPython.core.display.
+# Markdown object>, <pandas.io.formats.style.Styler object at 0x...>, VBox(children=...), <Figure size ...>.
+OBJECT_REPR = re.compile(r"<[A-Za-z_][\w.]*\.[A-Z]\w* (object|at 0x)[^>]*>|<\w+ object at 0x[0-9a-f]+>"
+                         r"|\b[VH]Box\(children=|<Figure size \d|\bOutput\(\)|\bmatplotlib\.\w+\.\w+ at 0x")
+# Each table's width against its output area's (a closing table's cells once ran on one line, 3,500-6,600 px in a
+# 750 px column, the verdicts off-screen: mkdocs-jupyter lays tables out at max-content; docs course.css fixes it).
+TABLE_WIDTHS = """() => Array.from(document.querySelectorAll('article table')).map(t => {
+  const box = t.parentElement.closest('.jp-OutputArea-output, .jp-RenderedHTMLCommon, .jp-Cell, article');
+  return {table: (t.className || 'table') + ': ' + t.innerText.slice(0, 50).replace(/\\s+/g, ' '),
+          width: t.getBoundingClientRect().width, column: box.getBoundingClientRect().width};
+})"""
 
 pytestmark = [pytest.mark.browser]
 
@@ -77,6 +91,31 @@ def browser():
         browser.close()
 
 
+def assert_no_object_repr(text: str) -> None:
+    reprs = sorted({m.group(0) for m in OBJECT_REPR.finditer(text)})
+    assert not reprs, f"outputs show object reprs instead of the objects: {reprs}"
+
+
+def assert_tables_fit(page) -> None:
+    """No table wider than its column, at each width in VIEWPORT_WIDTHS (one pixel of rounding allowed)."""
+    for width in VIEWPORT_WIDTHS:
+        page.set_viewport_size({"width": width, "height": 1000})
+        tables = page.evaluate(TABLE_WIDTHS)
+        too_wide = [f"{t['table']!r}: {t['width']:.0f} px in {t['column']:.0f} px" for t in tables
+                    if t["width"] > t["column"] + 1]
+        assert not too_wide, f"at a {width} px window, tables wider than their column: {too_wide}"
+    page.set_viewport_size({"width": VIEWPORT_WIDTHS[0], "height": 1000})
+
+
+def test_object_repr_pattern_catches_what_a_learner_would_see():
+    for shown in ("<IPython.core.display.Markdown object>", "<pandas.io.formats.style.Styler at 0x7f3a2c1d>",
+                  "<pandas.io.formats.style.Styler object at 0x7f3a2c1d90>", "VBox(children=(HTML(value=''),))",
+                  "<workbench.lab.kit.panel.Panel object at 0x7f00>", "<Figure size 640x480 with 1 Axes>"):
+        with pytest.raises(AssertionError, match="object reprs"):
+            assert_no_object_repr(f"some output\n{shown}\nmore")
+    assert_no_object_repr("decode <= 2x faster; a <b> tag; KV cache at 0x10 bytes; Output tokens")
+
+
 def test_site_has_a_page_per_chapter_and_no_cdn(site):
     for chapter in CHAPTERS:
         page = (site / chapter.stem / "index.html").read_text()
@@ -86,6 +125,30 @@ def test_site_has_a_page_per_chapter_and_no_cdn(site):
     assert all(f"{c.stem}/" in index for c in CHAPTERS) and "Headline numbers" in index
     assert (site / "assets" / "plotly.min.js").stat().st_size > 1_000_000
     assert (site / "assets" / "mathjax" / "MathJax.js").exists()
+
+
+def test_every_chapter_ends_with_previous_and_next_links(site):
+    """Material's footer links (navigation.footer): a reader at a chapter's closing table goes on without
+    scrolling back up to the navigation."""
+    for i, chapter in enumerate(CHAPTERS):
+        html = (site / chapter.stem / "index.html").read_text()
+        links = {kind: href for href, kind in re.findall(
+            r'<a href="([^"]*)" class="md-footer__link md-footer__link--(prev|next)"', html)}
+        previous = f"../{CHAPTERS[i - 1].stem}/" if i else ".."  # the first chapter goes back to the index page
+        following = f"../{CHAPTERS[i + 1].stem}/" if i + 1 < len(CHAPTERS) else None
+        assert links.get("prev") == previous and links.get("next") == following, (chapter.stem, links)
+
+
+def test_index_page_tables_fit_and_show_no_repr(browser, served):
+    page = browser.new_page(viewport={"width": VIEWPORT_WIDTHS[0], "height": 1000})
+    page.route("**/*", lambda route: route.continue_() if urlparse(route.request.url).hostname == "127.0.0.1"
+               else route.abort())
+    try:
+        page.goto(f"{served}/", wait_until="load")
+        assert_no_object_repr(page.inner_text("article"))
+        assert_tables_fit(page)
+    finally:
+        page.close()
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
@@ -117,6 +180,8 @@ def test_every_stored_figure_renders_offline(browser, served, chapter):
         assert "VBox(children" not in text and "HBox(children" not in text, "a widget printed as its text repr"
         if "live controls" not in text:
             raise AssertionError("no panel says where its live controls are")
+        assert_no_object_repr(text)
+        assert_tables_fit(page)
         wraps = page.eval_on_selector_all(".jp-InputArea pre", "els => els.map(e => getComputedStyle(e).whiteSpace)")
         assert wraps and set(wraps) == {"pre-wrap"}, f"code cells are cut off instead of wrapping: {set(wraps)}"
         if chapter.stem in SCREENSHOTS or os.environ.get("WORKBENCH_DOCS_SCREENSHOTS") == "all":
