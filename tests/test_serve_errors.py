@@ -220,3 +220,4 @@ def test_every_route_answers_503_while_draining(real_model, tokenizer):
                                                                                        "content": "hi"}]})
         assert hosted.status_code == 503 and hosted.json()["error"]["code"] == "service_unavailable"
         assert client.post(COMPLETIONS, json=GOOD).status_code == 503
+        assert client.get("/health").status_code == 503  # a load balancer stops sending new work here

@@ -4,7 +4,7 @@
     POST /v1/chat/completions   chat messages through the model's chat template
     GET  /v1/models             the one served model
     POST /tokenize              vLLM's tokenizer endpoint
-    GET  /health                200 while the engine loop runs, 503 otherwise
+    GET  /health                200 while the engine loop runs and takes requests, 503 otherwise
     POST /detokenize            token ids back to text
     GET  /version               the workbench's version
     GET  /metrics               Prometheus text exposition, vLLM's metric names (and its HTTP route series)
@@ -126,9 +126,9 @@ def workbench_version() -> str:
 def _add_service_routes(app: FastAPI, loop: EngineLoop, generator: Generator) -> None:
     @app.get("/health")
     async def health(request: Request) -> Response:
-        if not loop.alive:
-            return error_response(request, 503, "the engine loop is not running", code="service_unavailable",
-                                  type_=SERVER_ERROR)
+        if not loop.alive or loop.draining:
+            why = "the server is shutting down" if loop.draining else "the engine loop is not running"
+            return error_response(request, 503, why, code="service_unavailable", type_=SERVER_ERROR)
         return Response(status_code=200)
 
     @app.get("/metrics")

@@ -78,6 +78,11 @@ class EngineLoop:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
 
+    @property
+    def draining(self) -> bool:
+        """Shutting down: running requests may finish, new ones are refused."""
+        return self._draining
+
     def call(self, fn: Callable[[LLMEngine], T]) -> concurrent.futures.Future[T]:
         """Run ``fn(engine)`` on the engine thread between steps; its result or exception lands in the future."""
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
