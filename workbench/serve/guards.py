@@ -111,16 +111,18 @@ class ApiKeyGuard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        anthropic_key = headers.get("x-api-key") if scope["path"] == MESSAGES_PATH else None
-        problem = api_key_problem(headers.get("authorization"), anthropic_key, self.api_key)
+        anthropic = scope["path"] == MESSAGES_PATH
+        problem = api_key_problem(headers.get("authorization"), headers.get("x-api-key") if anthropic else None,
+                                  self.api_key, anthropic=anthropic)
         if problem is None:
             await self.app(scope, receive, send)
         else:
             await send_error(scope, send, 401, problem, code="invalid_api_key")
 
 
-def api_key_problem(authorization: str | None, x_api_key: str | None, api_key: str) -> str | None:
-    """Why the headers do not carry ``api_key`` (``Bearer <key>``, or ``x_api_key`` where it counts), or None."""
+def api_key_problem(authorization: str | None, x_api_key: str | None, api_key: str, *,
+                    anthropic: bool = False) -> str | None:
+    """Why the headers do not carry ``api_key`` (``Bearer <key>``, or ``x_api_key`` on Anthropic's route), or None."""
     expected = api_key.encode()
     if x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), expected):
         return None
@@ -128,7 +130,8 @@ def api_key_problem(authorization: str | None, x_api_key: str | None, api_key: s
     if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected):
         return None
     if not authorization and x_api_key is None:
-        return "missing API key: send the header 'Authorization: Bearer <key>'"
+        return "missing API key: send the header " + ("'x-api-key: <key>' or " if anthropic else "") + \
+            "'Authorization: Bearer <key>'"
     return "invalid API key"
 
 
