@@ -18,6 +18,7 @@ never gets an answer it did not ask for.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -35,11 +36,16 @@ def _integral(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-# An integer field: strict (a string such as "16" is refused) but an integral float is taken.
-Int = Annotated[int, BeforeValidator(_integral)]
+def integer(**bounds: int) -> object:
+    """An integer field with ``bounds`` (ge, le, ...): strict (a string such as "16" is refused) but an integral
+    float is taken. The bounds come before the validator, so the JSON schema states them as minimum/maximum."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_integral)]
+
+
+Int = integer()
 # Text that must hold something besides whitespace (a prompt).
 Text = Annotated[str, Field(min_length=1, pattern=r"\S")]
-TokenIds = Annotated[list[Annotated[Int, Field(ge=0)]], Field(min_length=1)]
+TokenIds = Annotated[list[integer(ge=0)], Field(min_length=1)]
 
 
 # vLLM's request fields the engine does not honour, each with the values that ask for nothing (sent by clients
@@ -101,15 +107,15 @@ class SamplingFields(_Request):
     """What completions and chat completions share."""
 
     model: str | None = None
-    n: Int = Field(1, ge=1)
+    n: integer(ge=1) = 1
     temperature: float | None = Field(None, ge=0, le=2, description=(
         "0 or below 1e-5: greedy; in [1e-5, 1e-2): raised to 1e-2 (vLLM's rules)"))
     top_p: float | None = Field(None, gt=0, le=1, description="the most likely token is always kept")
-    top_k: Int | None = Field(None, ge=-1)  # vLLM's extension; -1 or 0 switch it off
-    seed: Int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    top_k: integer(ge=-1) | None = None  # vLLM's extension; -1 or 0 switch it off
+    seed: integer(ge=SEED_RANGE[0], le=SEED_RANGE[1]) | None = None
     stop: Annotated[str, Field(min_length=1)] | Annotated[list[Annotated[str, Field(min_length=1)]],
                                                           Field(max_length=MAX_STOP_SEQUENCES)] | None = None
-    stop_token_ids: list[Annotated[Int, Field(ge=0)]] | None = None  # vLLM's extension
+    stop_token_ids: list[integer(ge=0)] | None = None  # vLLM's extension
     ignore_eos: bool = False  # vLLM's extension: generate exactly max_tokens
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -118,7 +124,7 @@ class SamplingFields(_Request):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     repetition_penalty: float = Field(1.0, gt=0, le=10)
     min_p: float = Field(0.0, ge=0, le=1)
-    min_tokens: Int = Field(0, ge=0, description="at most max_tokens")
+    min_tokens: integer(ge=0) = Field(0, description="at most max_tokens")
     include_stop_str_in_output: bool = False
     logit_bias: dict[str, float] | None = None
     user: str | None = None
@@ -140,8 +146,8 @@ class CompletionRequest(SamplingFields):
     # One prompt per request: text, token ids, or a batch of exactly one of either.
     prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)] | Annotated[
         list[TokenIds], Field(min_length=1, max_length=1)]
-    max_tokens: Int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # top alternatives per token (0: the token's own)
+    max_tokens: integer(ge=1) | None = 16  # OpenAI's default for completions
+    logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None  # top alternatives per token (0: the token's own)
     echo: bool = False
     best_of: Int | None = None
     suffix: str | None = None
@@ -176,10 +182,10 @@ class ChatMessage(_Strict):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Int | None = Field(None, ge=1)  # None: whatever the context and the KV pool leave
-    max_completion_tokens: Int | None = Field(None, ge=1)
+    max_tokens: integer(ge=1) | None = None  # None: whatever the context and the KV pool leave
+    max_completion_tokens: integer(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -212,24 +218,32 @@ class DetokenizeRequest(_Strict):
 
 
 def allowed_range(field: str, model: type[BaseModel] | None = None) -> str | None:
-    """The API range of a numeric field, from its declaration in ``model`` (default: the OpenAI requests):
-    "[0, 2]", "(0, 1]", ">= 1"."""
+    """The API range of a numeric field as ``model``'s JSON schema states it (default: the OpenAI requests), so an
+    error message quotes what /openapi.json documents: "[0, 2]", "(0, 1]", ">= 1"."""
     for candidate in (model,) if model is not None else (CompletionRequest, ChatCompletionRequest):
-        info = candidate.model_fields.get(field)
-        if info is None:
-            continue
-        bounds = {name: getattr(m, name) for m in info.metadata for name in ("ge", "gt", "le", "lt")
-                  if hasattr(m, name)}
-        low = ("[", bounds["ge"]) if "ge" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
-        high = (bounds["le"], "]") if "le" in bounds else (bounds["lt"], ")") if "lt" in bounds else None
-        if low and high:
-            return f"{low[0]}{_number(low[1])}, {_number(high[0])}{high[1]}"
-        if low:
-            return f"{'>=' if low[0] == '[' else '>'} {_number(low[1])}"
-        if high:
-            return f"{'<=' if high[1] == ']' else '<'} {_number(high[0])}"
+        bounds = _bounds(candidate).get(field)
+        if bounds is not None:
+            return bounds
     return None
 
 
+@cache
+def _bounds(model: type[BaseModel]) -> dict[str, str]:
+    out = {}
+    for name, schema in model.model_json_schema().get("properties", {}).items():
+        for member in schema.get("anyOf", [schema]):
+            low = ("[", member["minimum"]) if "minimum" in member else \
+                ("(", member["exclusiveMinimum"]) if "exclusiveMinimum" in member else None
+            high = (member["maximum"], "]") if "maximum" in member else \
+                (member["exclusiveMaximum"], ")") if "exclusiveMaximum" in member else None
+            if low and high:
+                out[name] = f"{low[0]}{_number(low[1])}, {_number(high[0])}{high[1]}"
+            elif low:
+                out[name] = f"{'>=' if low[0] == '[' else '>'} {_number(low[1])}"
+            elif high:
+                out[name] = f"{'<=' if high[1] == ']' else '<'} {_number(high[0])}"
+    return out
+
+
 def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:g}"
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**64 else f"{value:g}"
