@@ -4,7 +4,9 @@
 - `figures`: figure styling, and reading or changing a trace **by its name** (never by position);
 - `panel`: the panel base: controls, a progress line, a status line, stored figures and a result object,
   measured when asked (``.run()`` or first display), never when constructed;
-- `progress`: the progress callback type the measurements take, and its widget;
+- `progress`: the progress callback type the measurements take, and its widget (lit at once, with a clock);
+- `threads`: torch's thread count for a measurement, from what the rest of the machine leaves free;
+- `contention`: whether the machine was busy while a panel measured, for status lines and verdicts;
 - `stored`: static copies of figures and tables as notebook outputs (plotly JSON, HTML, PNG);
 - `exercises`: "Try this" questions whose answers the package computes;
 - `closing`: the closing table of a chapter, one vocabulary of verdicts, each computed from results;

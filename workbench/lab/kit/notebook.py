@@ -22,12 +22,17 @@ REAL_MODEL_LABEL = "SmolLM2-135M-Instruct (dequantized Q4_1)"
 
 
 def setup_notebook() -> None:
-    """Pin the plotly renderer and template (idempotent). Call once at the top of every notebook."""
+    """Pin the plotly renderer and template, and give torch the threads the machine can spare now (idempotent).
+    Call once at the top of every notebook; each panel chooses its threads again before it measures
+    (`workbench.lab.kit.threads`: on a shared 2-core machine, two threads beside a busy process collapse)."""
     import plotly.io as pio
+
+    from workbench.lab.kit.threads import adapt_threads
 
     os.environ["PLOTLY_RENDERER"] = RENDERER
     pio.renderers.default = RENDERER
     pio.templates.default = TEMPLATE
+    adapt_threads()
 
 
 def notebook_device() -> torch.device:

@@ -11,10 +11,18 @@ stored notebook and the docs site would have no figures (see `workbench.lab.kit.
 a display id: a control changed in the browser updates the panel's own outputs in place, while a later cell
 that changes a control from code gets its own copy of the new state, so every stored cell keeps showing the
 figure its prose talks about.
+
+What a learner sees while a panel works: on first display the controls and the progress line come first, lit
+within a second of the cell starting, with a running clock (`workbench.lab.kit.progress`); on a re-run the old
+status line and figures are dimmed under a "re-measuring" note until the new ones replace them. Before each
+measurement torch gets the threads the machine can spare now (`workbench.lab.kit.threads`), and the measurement
+is watched for contention (`workbench.lab.kit.contention`): ``panel.contention`` says whether the machine was
+busy, and a busy run's status line says so, for the prose and the closing table to read instead of concluding.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,12 +30,20 @@ from typing import Any
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 from IPython.display import display
 
+from workbench.lab.kit.contention import Contention, watch
 from workbench.lab.kit.progress import Progress
 from workbench.lab.kit.stored import figure_bundle, html_bundle, table_bundle
+from workbench.lab.kit.threads import ThreadChoice, adapt_threads
 
 LIVE_CONTROLS_NOTE = "[live controls: run this notebook in JupyterLab to change them]"
+RERUN_NOTE = "re-measuring with the new settings: the numbers and figures below are the previous run's"
+# The machine (fewer threads, a busy run) is reported in the status line only for measurements this long: a
+# quick computation's timing is not what its panel shows.
+BUSY_REPORT_MIN_S = 1.0
+THREADS_LABEL = re.compile(r"CPU \(\d+ threads\)")  # as workbench.lab.kit.notebook.device_label writes it
 
 
 class StatusLine:
@@ -57,6 +73,8 @@ class LabPanel:
         self._shown_in: str | None = None
         self.progress = Progress()
         self.status = StatusLine()
+        self.contention: Contention | None = None  # the last measurement's, see workbench.lab.kit.contention
+        self.threads: ThreadChoice | None = None  # torch's threads for the last measurement
         for control in controls:
             control.observe(lambda _change: self._changed(self.refresh), names="value")
         for control in self.redraw_only:
@@ -102,10 +120,24 @@ class LabPanel:
         self.refresh()
 
     def refresh(self) -> None:
-        with self.busy():
-            self._result = self.measure()
-        self.measured = True
-        self.redraw()
+        rerun = self.measured
+        self.progress.start("re-measuring" if rerun else "measuring")
+        if rerun:
+            self._dim()
+        try:
+            with self.busy():
+                self.threads = adapt_threads()
+                for fig in self.figures:
+                    relabel_threads(fig)
+                with watch() as watched:
+                    self._result = self.measure()
+            self.contention = watched.contention
+            self.measured = True
+            self.redraw()
+        except BaseException as error:
+            self.progress.fail(error)
+            raise
+        self.progress.end()
 
     def redraw(self) -> None:
         if not self.measured:
@@ -128,15 +160,38 @@ class LabPanel:
     # ---- stored outputs ------------------------------------------------------------------------------------
     def stored_outputs(self, *, png: bool = True) -> list[dict[str, object]]:
         """MIME bundles of what the panel shows: its status line, each figure, each table."""
-        bundles = [html_bundle(self.status.value or "&nbsp;")]
+        bundles = [html_bundle((self.status.value or "&nbsp;") + self.machine_note())]
         bundles += [figure_bundle(fig, png=png) for fig in self.figures]
         bundles += [table_bundle(frame, caption) for caption, frame in self.stored_tables()]
         return bundles
 
+    def machine_note(self) -> str:
+        """What the status line adds about the machine: fewer torch threads than usual, and a busy machine."""
+        if self.contention is None or self.contention.wall_s < BUSY_REPORT_MIN_S:
+            return ""
+        note = ""
+        if self.threads is not None and self.threads.reduced:
+            note += (f"<br><span style='color:#6b7280'>torch ran on {self.threads.threads} of "
+                     f"{self.threads.ceiling} threads: {self.threads.reason}</span>")
+        return note + self.contention.status_html()
+
+    def _dim(self) -> None:
+        """Grey out the outputs on screen while a re-run measures (nothing when a later cell re-runs the panel
+        from code: its outputs are that cell's own, and the earlier cell keeps what it showed)."""
+        execution = current_execution()
+        if not self._handles or (execution is not None and execution != self._shown_in):
+            return
+        status = html_bundle(f"<div style='color:#1d4ed8'>&#8635; {RERUN_NOTE}</div>"
+                             f"<div style='opacity:0.4'>{self.status.value or '&nbsp;'}</div>")
+        bundles = [status] + [figure_bundle(dimmed(fig), png=False) for fig in self.figures]
+        for handle, bundle in zip(self._handles, bundles, strict=False):
+            handle.update(bundle, raw=True)
+
     def _ipython_display_(self) -> None:
+        # The controls and the progress line first, so the learner sees at once that the panel is working.
+        display(self.controls_bundle(), raw=True)
         if not self.measured:
             self.run()
-        display(self.controls_bundle(), raw=True)
         self._show_outputs()
         self._shown_in = current_execution()
 
@@ -162,6 +217,24 @@ class LabPanel:
             return
         for handle, bundle in zip(self._handles, self.stored_outputs(), strict=True):
             handle.update(bundle, raw=True)
+
+
+def relabel_threads(fig: go.Figure) -> None:
+    """Make a figure's "measured on CPU (N threads)" subtitle name the threads torch has now."""
+    title = fig.layout.title
+    text = title.subtitle.text if title and title.subtitle else None
+    if text and THREADS_LABEL.search(text):
+        fig.layout.title.subtitle.text = THREADS_LABEL.sub(f"CPU ({torch.get_num_threads()} threads)", text)
+
+
+def dimmed(fig: go.Figure) -> go.Figure:
+    """A copy of ``fig`` under a white veil, saying that it is being re-measured."""
+    copy = go.Figure(fig)
+    copy.add_shape(type="rect", xref="paper", yref="paper", x0=0, y0=0, x1=1, y1=1, fillcolor="white",
+                   opacity=0.6, line_width=0, layer="above")
+    copy.add_annotation(text="re-measuring…", xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                        font={"size": 18, "color": "#1d4ed8"})
+    return copy
 
 
 def current_execution() -> str | None:

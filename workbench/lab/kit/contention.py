@@ -1,0 +1,179 @@
+"""Whether the machine was busy while a measurement ran, so that a timing taken on a shared machine is reported
+as "the machine was busy: not measurable now, re-run" instead of being read as a fact about the engine.
+
+On a 2-core laptop a second busy process (a neighbour's notebook, ``workbench serve``, the browser) takes a core,
+and a timing taken then says more about the neighbour than about the engine: a newcomer's run of chapter 2 drew
+the cached decode *slower* than recomputing everything, and its closing table called the KV cache "wrong"
+(benchmarks/RESULTS.md, "A busy machine": what one busy process does to torch at 1 and 2 threads).
+
+Two signals, either one enough:
+
+- **waiting for a CPU**: Linux keeps, for every thread, the time it ran and the time it was ready to run but
+  waited for a CPU (``/proc/self/task/*/schedstat``). ``watch()`` reads those books around a measurement; when
+  this process's threads spent more than ``WAIT_LIMIT`` of their runnable time waiting, other work held the
+  cores. On a quiet machine the share is a few percent; beside one busy loop on a shared core it is about half.
+- **the same work timed twice disagreeing**: two runs of identical work (the same prompt's prefill in both arms
+  of a comparison, repeats of one step) that differ by more than ``AGREEMENT`` times. Quiet repeats of one shape
+  agree within about 10% (`workbench.lab.kit.evidence.TIMING_FLOOR`); the busy run above had 1,621 against
+  4,918 ms.
+
+Every panel records ``Contention`` for its last measurement (``LabPanel.contention``); a verdict reads it through
+``busy_takeaway`` (or ``Contention.busy`` and ``.note``) and says the machine was busy instead of concluding.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from workbench.lab.kit.closing import Takeaway
+
+# Share of this process's runnable time spent waiting for a CPU above which the run counts as contended.
+# Measured on the project's 2-core machine (benchmarks/RESULTS.md): a few percent when quiet; 40-60% with torch's
+# threads beside one busy loop sharing their cores.
+WAIT_LIMIT = 0.25
+# Two timings of the same work further apart than this ratio: something else took the machine in between.
+AGREEMENT = 1.5
+# Below this much runnable time the books are too short to judge (a sub-second panel redraw).
+MIN_RUNNABLE_S = 0.05
+BUSY = "the machine was busy: not measurable now, re-run"
+TASKS = Path("/proc/self/task")
+
+
+def read_books() -> dict[int, tuple[int, int]] | None:
+    """Nanoseconds each thread of this process has run and has waited for a CPU, by thread id; None where the
+    kernel keeps no such books (not Linux, or schedstat unavailable)."""
+    books: dict[int, tuple[int, int]] = {}
+    try:
+        tids = os.listdir(TASKS)
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            fields = (TASKS / tid / "schedstat").read_text().split()
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        if len(fields) >= 2:
+            books[int(tid)] = (int(fields[0]), int(fields[1]))
+    return books or None
+
+
+def _spent(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> tuple[float, float]:
+    """Seconds run and waited between two readings (threads started in between count from zero; threads that
+    ended in between are lost, which only makes the reading milder)."""
+    run = wait = 0
+    for tid, (ran, waited) in after.items():
+        ran0, waited0 = before.get(tid, (0, 0))
+        run, wait = run + ran - ran0, wait + waited - waited0
+    return run / 1e9, wait / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """How contended one measurement was. ``run_s``/``wait_s``: this process's threads' CPU time and time spent
+    ready but waiting for a CPU (None without the kernel's books); ``pairs``: timings of identical work, as
+    (what, seconds, seconds)."""
+
+    wall_s: float
+    run_s: float | None = None
+    wait_s: float | None = None
+    pairs: tuple[tuple[str, float, float], ...] = field(default_factory=tuple)
+
+    @property
+    def wait_share(self) -> float | None:
+        """Share of the runnable time spent waiting for a CPU (None when unknown or too short to judge)."""
+        if self.run_s is None or self.wait_s is None or self.run_s + self.wait_s < MIN_RUNNABLE_S:
+            return None
+        return self.wait_s / (self.run_s + self.wait_s)
+
+    def disagreements(self) -> list[tuple[str, float]]:
+        """Each pair of same-work timings further apart than AGREEMENT, with its ratio (larger over smaller)."""
+        out = []
+        for what, a, b in self.pairs:
+            low, high = sorted((a, b))
+            ratio = high / low if low > 0 else float("inf")
+            if ratio > AGREEMENT:
+                out.append((what, ratio))
+        return out
+
+    @property
+    def busy(self) -> bool:
+        share = self.wait_share
+        return (share is not None and share > WAIT_LIMIT) or bool(self.disagreements())
+
+    def reasons(self) -> list[str]:
+        """What showed the contention, in words a learner can check."""
+        out = []
+        share = self.wait_share
+        if share is not None and share > WAIT_LIMIT:
+            out.append(f"this kernel's threads waited for a CPU {share:.0%} of the time they were ready to run "
+                       f"({self.wait_s:.1f} s of {self.run_s + self.wait_s:.1f} s)")
+        out += [f"{what} took {ratio:.1f}x longer one time than the other" for what, ratio in self.disagreements()]
+        return out
+
+    def note(self) -> str:
+        """The verdict's note when busy: "the machine was busy: not measurable now, re-run (...why...)"."""
+        return f"{BUSY} ({'; '.join(self.reasons())})" if self.busy else ""
+
+    def same_work(self, what: str, first_s: float, second_s: float) -> Contention:
+        """This reading with one more pair of timings of identical work (e.g. the same prefill in both arms)."""
+        if first_s < 0 or second_s < 0:
+            raise ValueError(f"timings must be >= 0 s, got {first_s} and {second_s} for {what!r}")
+        return replace(self, pairs=(*self.pairs, (what, float(first_s), float(second_s))))
+
+    def status_html(self) -> str:
+        """A warning for a panel's status line, or "" when the machine was quiet enough."""
+        if not self.busy:
+            return ""
+        return (f"<br><span class='wb-busy' style='color:#b45309'>&#9888; {BUSY}: {'; '.join(self.reasons())}. "
+                "The timings above measure the neighbours as much as the engine.</span>")
+
+
+class Watch:
+    """What ``watch()`` yields: ``contention`` is set when the block ends."""
+
+    def __init__(self) -> None:
+        self.contention: Contention | None = None
+
+
+@contextmanager
+def watch() -> Iterator[Watch]:
+    """Read the kernel's books around a block: ``with watch() as w: measure()``, then ``w.contention``."""
+    handle = Watch()
+    before, start = read_books(), time.perf_counter()
+    try:
+        yield handle
+    finally:
+        wall = time.perf_counter() - start
+        after = read_books()
+        if before is None or after is None:
+            handle.contention = Contention(wall)
+        else:
+            run, wait = _spent(before, after)
+            handle.contention = Contention(wall, run, wait)
+
+
+def from_timings(what: str, timings: Sequence[float]) -> Contention:
+    """A reading from timings of identical work alone (no kernel books): every timing against the fastest."""
+    values = [float(t) for t in timings]
+    if len(values) < 2:
+        raise ValueError(f"same_work needs at least two timings of {what!r}, got {len(values)}")
+    fastest = min(values)
+    reading = Contention(wall_s=sum(values))
+    return reading.same_work(what, fastest, max(values))
+
+
+def busy_takeaway(row: Takeaway, contention: Contention | None) -> Takeaway:
+    """The closing-table row as it stands on a quiet machine; on a busy one, the same claim and measurement with
+    the verdict "not measurable here" and the note "the machine was busy: not measurable now, re-run (why)"."""
+    if contention is None or not contention.busy:
+        return row
+    from workbench.lab.kit.closing import Verdict
+
+    return replace(row, verdict=Verdict.NOT_MEASURABLE, note=contention.note())
