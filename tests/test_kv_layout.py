@@ -147,9 +147,14 @@ def test_llama3_rope_matches_transformers():
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    from workbench.models.rope import RotaryEmbedding
+
     spec = workbench.model_spec("llama-3.1-8b")
-    config = LlamaConfig(**spec.to_hf_config())
-    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
-    ours = workbench.random_model(spec, num_layers=1, device="cpu").rope.inv_freq
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](LlamaConfig(**spec.to_hf_config()), "cpu")
+    ours = RotaryEmbedding(spec.head_dim, spec.rope_theta, 16, scaling=spec.rope_scaling).inv_freq
     torch.testing.assert_close(ours, theirs.float(), rtol=1e-6, atol=0)
-    assert not torch.allclose(ours, workbench.random_model("llama-3-8b", num_layers=1, device="cpu").rope.inv_freq)
+    small = dict(vocab_size=64, hidden_size=256, num_heads=2, num_kv_heads=1, intermediate_size=64, num_layers=1)
+    model = workbench.random_model(spec.replace(**small), device="cpu")  # the model wires the scaling in
+    torch.testing.assert_close(model.rope.inv_freq, ours)
+    plain = workbench.random_model(workbench.model_spec("llama-3-8b").replace(**small), device="cpu")
+    assert not torch.allclose(plain.rope.inv_freq, ours)
