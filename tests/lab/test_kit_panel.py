@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.figures import set_trace, trace
 from workbench.lab.kit.lazy import lazy_exports
 from workbench.lab.kit.notebook import device_label, fmt_bytes, measured_on, setup_notebook
@@ -102,28 +103,36 @@ def test_traces_are_found_by_name_with_clear_errors():
         trace(fig, "twice")
 
 
+FOR = Evidence.exact("a count", 3, 1)
+AGAINST = Evidence.exact("a count", 0, 1)
+
+
 def test_verdicts_are_judged_and_typed_strings_are_refused():
-    assert Verdict.judge(True) is Verdict.HOLDS
-    assert Verdict.judge(True, caveat=True) is Verdict.CAVEAT
-    assert Verdict.judge(False, caveat=True) is Verdict.WRONG
+    assert Verdict.judge(FOR) is Verdict.HOLDS
+    assert Verdict.judge(FOR, caveat=True) is Verdict.CAVEAT
+    assert Verdict.judge([FOR, AGAINST], caveat=True) is Verdict.WRONG
     with pytest.raises(ValueError, match="must be a Verdict"):
-        Takeaway("claim", "measured", "holds")  # type: ignore[arg-type]
+        Takeaway("claim", "measured", "holds", evidence=(FOR,))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs a note"):
-        Takeaway("claim", "measured", Verdict.WRONG)
+        Takeaway("claim", "measured", Verdict.WRONG, evidence=(AGAINST,))
     with pytest.raises(ValueError, match="at least one"):
         ClosingTable([])
 
 
 def test_the_closing_table_is_stored_whole():
     long = "a measured sentence " * 12
-    table = ClosingTable([Takeaway("The seed's first takeaway, quoted in full.", long.strip(), Verdict.HOLDS),
-                          Takeaway("Second.", "measured 2", Verdict.CAVEAT, "only at batch 1")])
+    table = ClosingTable([Takeaway("The seed's first takeaway, quoted in full.", long.strip(), Verdict.HOLDS,
+                                   evidence=(FOR,)),
+                          Takeaway("Second.", "measured 2", Verdict.CAVEAT, "only at batch 1", evidence=(FOR,))])
     html = table._repr_html_()
     assert "closing-table" in html and long.strip() in html and "…" not in html
     assert "holds with a caveat: only at batch 1" in html and "holds with a caveat: only at batch 1" in repr(table)
     assert table.verdicts == [Verdict.HOLDS, Verdict.CAVEAT]
     frame = table.frame()
-    assert list(frame.columns) == ["the seed's takeaway", "measured here", "verdict"] and len(frame) == 2
+    assert list(frame.columns) == ["the seed's takeaway", "measured here", "evidence (n, effect, margin)",
+                                   "verdict"] and len(frame) == 2
+    assert "a count: effect 3.00x (claim: &gt; 1.00x); computed, exact (no noise)" in html
+    assert "evidence: a count: effect 3.00x (claim: > 1.00x)" in repr(table)
 
 
 def test_lazy_exports_import_on_first_use_and_name_unknowns():

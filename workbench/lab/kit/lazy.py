@@ -31,4 +31,5 @@ def lazy_exports(package: str, owners: dict[str, str]) -> tuple[Callable[[str], 
 
 
 # What every chapter package re-exports from the kit, so that a notebook's set-up cell is one import.
-NOTEBOOK_NAMES = {name: "workbench.lab.kit.notebook" for name in ("setup_notebook", "notebook_device", "measured_on")}
+NOTEBOOK_NAMES = {name: "workbench.lab.kit.notebook" for name in (
+    "setup_notebook", "notebook_device", "measured_on", "say", "show_table")}

@@ -74,3 +74,20 @@ def fmt_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:,.2f} {unit}"
     return f"{n:,.0f} B"
+
+
+def say(markdown: str) -> None:
+    """Show a sentence built from results as Markdown, with the same words as its plain text, so a reader
+    without a kernel (a text view, a diff, the tests) reads the sentence and not ``<...Markdown object>``."""
+    from IPython.display import display
+
+    display({"text/markdown": markdown, "text/plain": markdown}, raw=True)
+
+
+def show_table(frame, *, index: bool = False) -> None:
+    """Show a table as HTML and as whole plain text (a pandas Styler stores only its repr as text)."""
+    import pandas as pd
+    from IPython.display import display
+
+    with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
+        display({"text/html": frame.to_html(index=index), "text/plain": frame.to_string(index=index)}, raw=True)

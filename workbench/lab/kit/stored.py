@@ -174,7 +174,7 @@ def html_bundle(markup: str) -> dict[str, object]:
 def _strip_tags(markup: str) -> str:
     import re
 
-    return html.unescape(re.sub(r"<[^>]+>", "", markup))
+    return html.unescape(re.sub(r"<[^>]+>", "", re.sub(r"<br\s*/?>", "\n", markup)))
 
 
 def show_figure(fig: go.Figure) -> None:

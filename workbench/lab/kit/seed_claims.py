@@ -1,0 +1,60 @@
+"""Every number, worked example, threshold and rule of thumb a seed chapter states, each with the notebook cell
+that recomputes it, measures it, or sets it aside with a reason.
+
+Seed examples are often internally inconsistent (a figure that does not follow from its own formula, a model that
+does not fit the GPU it is placed on), so each claim is recomputed, not quoted. The list is data,
+``datasets/seed_claims/chNN.csv``, one row per claim:
+
+- ``id``: a short stable name; ``section``: the seed section it is in; ``seed says``: the claim, quoted or closely
+  paraphrased;
+- ``kind``: number, worked example, threshold or rule of thumb;
+- ``treatment``: recomputed (arithmetic), measured (on this machine), or set aside (with why);
+- ``cell``: the id of the notebook cell that shows it (``tests/lab/test_seed_claims.py`` checks that it exists);
+- ``check``: the name of a function in the chapter's ``seed`` module that recomputes the claim and returns what
+  it found (empty when the cell itself is the recomputation or the measurement).
+
+``table`` runs every check and returns the whole list, which each chapter shows in one cell near its end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pandas as pd
+
+from workbench.paths import DATASETS_DIR
+
+COLUMNS = ("id", "section", "seed says", "kind", "treatment", "cell", "check")
+KINDS = ("number", "worked example", "threshold", "rule of thumb")
+TREATMENTS = ("recomputed", "measured", "set aside")
+CLAIMS_DIR = DATASETS_DIR / "seed_claims"
+
+
+def load(chapter: str) -> pd.DataFrame:
+    """The chapter's claims, validated: every column present, kinds and treatments from their vocabularies."""
+    path = CLAIMS_DIR / f"{chapter}.csv"
+    if not path.exists():
+        raise ValueError(f"no seed-claims table for {chapter!r} ({path})")
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path.name} lacks columns {missing}")
+    for column, allowed in (("kind", KINDS), ("treatment", TREATMENTS)):
+        bad = sorted(set(frame[column]) - set(allowed))
+        if bad:
+            raise ValueError(f"{path.name}: {column} {bad} not in {allowed}")
+    if frame["id"].duplicated().any():
+        raise ValueError(f"{path.name}: duplicate ids {sorted(frame.loc[frame['id'].duplicated(), 'id'])}")
+    return frame
+
+
+def table(chapter: str, checks: Mapping[str, Callable[[], str]]) -> pd.DataFrame:
+    """Every claim with what this chapter finds for it: its check's answer, or where the notebook shows it."""
+    frame = load(chapter)
+    unknown = sorted(set(frame["check"]) - set(checks) - {""})
+    if unknown:
+        raise ValueError(f"{chapter}: checks {unknown} are not in the chapter's seed module")
+    found = [checks[row["check"]]() if row["check"] else f"cell {row['cell']} ({row['treatment']})"
+             for _, row in frame.iterrows()]
+    return pd.DataFrame({"seed says": frame["seed says"], "kind": frame["kind"], "treatment": frame["treatment"],
+                         "found here": found, "cell": frame["cell"]})
