@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from closing_helpers import rows_that_never_turn
 
 import workbench
 from workbench.lab import ch01
@@ -129,7 +130,10 @@ def _results(attention_s, share, ttft_ms, decode_ms=(20, 20, 21, 20)):
 def test_closing_table_computes_every_verdict_from_the_results():
     table = ch01.closing_table(*_results([x * x for x in N], [0.2, 0.3, 0.5, 0.6], [50, 100, 200, 400]))
     assert len(table) == 5 and all(isinstance(v, Verdict) for v in table.verdicts)
-    assert table.verdicts == [Verdict.HOLDS, Verdict.CAVEAT, Verdict.CAVEAT, Verdict.CAVEAT, Verdict.HOLDS]
+    # Row 1's caveat: not every config reaches its FLOP crossover inside its context (computed from the configs).
+    assert table.verdicts == [Verdict.CAVEAT, Verdict.CAVEAT, Verdict.CAVEAT, Verdict.CAVEAT, Verdict.HOLDS]
+    assert all(row.evidence and "effect" in row.evidence_text for row in table.rows)
+    assert "configs whose FLOP crossover lies inside their context" in table.rows[0].evidence_text
     assert "32x less" in table.rows[2].measured and "4x less" in table.rows[2].measured
     assert "…" not in repr(table) and "…" not in table._repr_html_()  # stored whole
 
@@ -143,3 +147,13 @@ def test_closing_table_verdicts_follow_the_measurements():
     assert ch01.closing_table(*quadratic_ttft).verdicts[3] is Verdict.HOLDS  # slope 2: no caveat left
     flat_ttft = _results([x * x for x in N], [0.2, 0.3, 0.5, 0.6], [30, 30, 31, 50])  # < 2x, within 3 steps
     assert ch01.closing_table(*flat_ttft).verdicts[3] is Verdict.WRONG
+    noisy_ttft = _results([x * x for x in N], [0.2, 0.3, 0.5, 0.6], [30, 30, 31, 60])  # 2x: inside the margin
+    assert ch01.closing_table(*noisy_ttft).verdicts[3] is Verdict.NOT_MEASURABLE
+
+
+def test_every_measured_row_can_turn():
+    """Rows 2 and 3 are arithmetic on the configs (they turn only with other configs); the measured rows turn
+    with the measurements."""
+    agree = _results([x * x for x in N], [0.2, 0.3, 0.5, 0.6], [50, 100, 200, 400])
+    against = _results(list(N), [0.1, 0.1, 0.1, 0.1], [30, 30, 31, 28])
+    assert rows_that_never_turn(ch01.closing_table(*agree), ch01.closing_table(*against)) == [2, 3]

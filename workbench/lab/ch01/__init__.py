@@ -22,5 +22,8 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "AttentionMemory": "memory", "TensorPeak": "memory", "attention_memory": "memory",
     "LayerScalingLab": "panels", "KVMemoryLab": "panels",
     "ContextTTFTLab": "panels_prefill", "AttentionMemoryLab": "panels_prefill",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "configs_past_crossover": "ending",
+    "crossover_summary": "ending", "read_config": "ending", "seed_claims": "seed",
+    "attention_variants": "workbench.cache.sizing", "sizing_table": "workbench.cache.sizing",
+    "weight_bytes": "workbench.cache.sizing",
 })

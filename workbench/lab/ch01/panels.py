@@ -87,8 +87,9 @@ class LayerScalingLab(LabPanel):
 
 def _device_memory_options(device: torch.device) -> list[tuple[str, int]]:
     here = device_memory_bytes(device)
-    return [(f"this machine: {device_label(device)}, {fmt_bytes(here)}", here), ("24 GiB GPU", 24 * GiB),
-            ("80 GiB GPU (A100 / H100)", 80 * GiB), ("141 GiB GPU (H200)", 141 * GiB)]
+    kind = "GPU" if torch.device(device).type == "cuda" else "RAM, not a GPU"
+    return [("80 GiB GPU (A100 / H100)", 80 * GiB), ("24 GiB GPU", 24 * GiB), ("141 GiB GPU (H200)", 141 * GiB),
+            (f"this machine's {kind}: {device_label(device)}, {fmt_bytes(here)}", here)]
 
 
 KV_PER_SEQUENCE, WEIGHTS, KV_OF_BATCH = "KV per sequence", "weights (bf16)", "KV of the batch"
@@ -135,10 +136,10 @@ class KVMemoryLab(LabPanel):
             fig.layout.title.text = (f"{spec.name}: {spec.attention_kind} with {spec.num_kv_heads} KV heads for "
                                      f"{spec.num_heads} query heads, context {kv.context:,}, KV in {kv.kv_dtype}")
             fig.layout.title.subtitle.text = (f"computed from datasets/configs/{self.model.value}.json "
-                                              "(no weights built)")
+                                              f"(no weights built); device: {self.memory.label}")
         own = kv.own
         self.status.value = (
             f"{spec.name} as configured ({own.name}): <b>{kv.per_token:,} B per token</b>, "
             f"<b>{fmt_bytes(own['bytes_per_sequence'])}</b> per sequence of {kv.context:,} tokens; "
             f"weights {fmt_bytes(kv.weights)} (bf16). {kv.batch} sequences + weights = {fmt_bytes(kv.total)}, "
-            f"<b>{kv.total / kv.device_bytes:.0%}</b> of {fmt_bytes(kv.device_bytes)}.")
+            f"<b>{kv.total / kv.device_bytes:.0%}</b> of the {self.memory.label}.")

@@ -89,24 +89,27 @@ def _first_two_tokens(model: LlamaModel, prompt: list[int]) -> tuple[float, floa
 
 
 def ttft_sweep(model: LlamaModel, tokenizer, lengths: Sequence[int], *, repeats: int = 2,
-               progress: ProgressFn = no_progress) -> pd.DataFrame:
+               progress: ProgressFn = no_progress) -> tuple[pd.DataFrame, pd.DataFrame]:
     """TTFT and the next decode step for prompts of each length (fastest of ``repeats``, after a warm-up run
-    that is not counted). The fastest run is the one least disturbed by other work on a shared machine."""
+    that is not counted; the fastest run is the one least disturbed by other work on a shared machine), and
+    every run's times (ms, lists per length: the evidence of a verdict needs the spread)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if max(lengths) >= model.spec.max_context:
         raise ValueError(f"prompt lengths must stay below the model's context of {model.spec.max_context:,}, "
                          f"got {max(lengths):,}")
     _first_two_tokens(model, prompt_of_length(tokenizer, min(lengths)))  # warm-up: first calls allocate, pick kernels
-    rows = []
+    rows, every = [], []
     for i, n in enumerate(lengths):
         progress(i, len(lengths), f"prefill of {n:,} tokens")
         prompt = prompt_of_length(tokenizer, n)
         runs = [_first_two_tokens(model, prompt) for _ in range(repeats)]
         rows.append({"prompt_tokens": n, "ttft_ms": 1e3 * min(r[0] for r in runs),
                      "decode_step_ms": 1e3 * min(r[1] for r in runs)})
+        every.append({"prompt_tokens": n, "ttft": [1e3 * r[0] for r in runs], "decode": [1e3 * r[1] for r in runs]})
     progress(len(lengths), len(lengths), "done")
-    return pd.DataFrame(rows).set_index("prompt_tokens")
+    frame = pd.DataFrame(rows).set_index("prompt_tokens")
+    return frame, pd.DataFrame(every).set_index("prompt_tokens")
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class ContextTTFT:
     machine: str
     dtype: str
     repeats: int
+    runs: pd.DataFrame | None = None  # every run's TTFT and decode step per length (lists, ms)
 
     @property
     def shortest(self) -> int:
@@ -148,6 +152,13 @@ class ContextTTFT:
     def steps_per_ttft(self) -> float:
         return self.ttft_long_ms / self.decode_ms
 
+    def runs_ms(self, column: str, row: int) -> list[float]:
+        """Every timed run of ``column`` ('ttft' or 'decode') at the ``row``-th length (the table keeps the
+        fastest; the evidence of a verdict needs them all)."""
+        if self.runs is None:
+            return [float(self.frame[{"ttft": "ttft_ms", "decode": "decode_step_ms"}[column]].iloc[row])]
+        return list(self.runs[column].iloc[row])
+
     @property
     def prefill_ms_per_token(self) -> float:
         """TTFT of the longest prompt over its tokens (the one sampled token in it is a rounding error)."""
@@ -164,13 +175,13 @@ class ContextTTFT:
                                f"TTFT of the {self.longest:,}-token prompt / its tokens, decode = the median "
                                "step after the first token",
                         decode_step_ms=self.decode_ms, prefill_ms_per_token=self.prefill_ms_per_token,
-                        prefill_tokens=self.longest)
+                        prefill_tokens=self.longest, ttft_miss_ms=self.ttft_long_ms, ttft_tokens=self.longest)
 
 
 def context_ttft(model: LlamaModel, tokenizer, lengths: Sequence[int], *, repeats: int = 2,
                  progress: ProgressFn = no_progress) -> ContextTTFT:
-    frame = ttft_sweep(model, tokenizer, lengths, repeats=repeats, progress=progress)
-    return ContextTTFT(frame, model.spec, describe_machine(model.device), dtype_name(model.dtype), repeats)
+    frame, runs = ttft_sweep(model, tokenizer, lengths, repeats=repeats, progress=progress)
+    return ContextTTFT(frame, model.spec, describe_machine(model.device), dtype_name(model.dtype), repeats, runs)
 
 
 # ------------------------------------------------------------------------------------------- KV memory
