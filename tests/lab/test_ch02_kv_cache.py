@@ -11,6 +11,7 @@ import math
 
 import pandas as pd
 import pytest
+from closing_helpers import rows_that_never_turn
 
 from workbench.lab import ch02
 from workbench.lab.ch02.block_view import POOL
@@ -156,7 +157,9 @@ def test_exercise_answers():
 def _results(*, fast: float = 20.0, same: bool = True, lfu_gap: float = 0.05):
     summary = pd.DataFrame({"decode_tokens_per_s": [fast, 4.0], "prompt_tokens": [98, 98], "ttft_ms": [1.0, 1.0]},
                            index=[WITH_CACHE, WITHOUT_CACHE])
-    cache = CacheComparison(pd.DataFrame(), summary, same)
+    steps = pd.DataFrame([{"mode": mode, "token_index": i, "step_ms": 1e3 / rate * (1 + 0.01 * (i % 3))}
+                          for mode, rate in ((WITH_CACHE, fast), (WITHOUT_CACHE, 4.0)) for i in range(9)])
+    cache = CacheComparison(steps, summary, same)
     requests = pd.DataFrame({"request_id": ["r0", "r1"], "prompt_tokens": [100, 37], "output_tokens": [20, 5]})
     paged = PagedTrace(16, 64, 1000, pd.DataFrame(), requests=requests)
     history = [_prefix_run("static first", True, [700.0, 100.0, 100.0], [0, 496, 496]),
@@ -187,3 +190,15 @@ def test_closing_table_turns_with_the_measurements():
     assert table.verdicts[4] is Verdict.HOLDS  # a 50-point policy gap against a 75-point budget effect
     table = ch02.closing_table(cache, share, paged, history[:1], eviction, policies)
     assert table.verdicts[3] is Verdict.NOT_MEASURABLE and "section 7" in table.rows[3].note
+
+
+def test_every_measured_row_can_turn():
+    """Row 2 is arithmetic on the configs and deployments: it turns only with them."""
+    agree = ch02.closing_table(*_results())
+    cache, share, paged, history, eviction, policies = _results(fast=4.1, lfu_gap=0.5)
+    paged = PagedTrace(16, 64, 1000, pd.DataFrame(), requests=pd.DataFrame(
+        {"request_id": ["r0"], "prompt_tokens": [2030], "output_tokens": [18]}))
+    history = [history[2], _prefix_run("dynamic first", True, [700.0, 100.0, 100.0], [0, 496, 496]),
+               _prefix_run("static first", True, [700.0, 700.0, 700.0], [0, 0, 0])]
+    against = ch02.closing_table(cache, share, paged, history, eviction, policies)
+    assert rows_that_never_turn(agree, against) == [2]

@@ -35,5 +35,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "KVShareLab": "panels_capacity", "KVCapacityLab": "panels_capacity",
     "ParallelSamplingLab": "panels_fork",
     "EvictionLab": "panels_eviction", "PolicyLab": "panels_eviction",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "share_reading": "budget", "chapter_baseline": "runs",
+    "seed_claims": "seed",
 })

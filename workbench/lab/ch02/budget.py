@@ -121,6 +121,21 @@ def capacity_frame(name: str, contexts: list[int], batches: list[int], *,
     return pd.DataFrame(rows)
 
 
+def share_reading(table: pd.DataFrame) -> str:
+    """The KV share of GPU memory by deployment class, read from the table (not typed)."""
+    shares = table["kv_cache"].dropna()
+
+    def span(rows: pd.Series) -> str:
+        return (f"{rows.min():.0%}" if rows.min() == rows.max() else f"{rows.min():.0%}–{rows.max():.0%}") \
+            if len(rows) else "none"
+
+    small = shares[[("24 GiB" in d) and not d.startswith("smollm2") for d in shares.index]]
+    one_big = shares[[("80 GiB" in d or "141 GiB" in d) and " x " not in d for d in shares.index]]
+    multi = shares[[" x " in d for d in shares.index]]
+    return (f"a 7–8B model on a 24 GiB card leaves the cache {span(small)}, on one 80 or 141 GiB card "
+            f"{span(one_big)}, and 70B models on several GPUs {span(multi)} depending on how many")
+
+
 @dataclass
 class KVShare:
     """How each deployment's memory divides, at one memory utilization and step size (`kv_share_table`)."""

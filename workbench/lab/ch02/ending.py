@@ -12,8 +12,9 @@ from workbench.cache.sizing import blocks_for_tokens, kv_bytes
 from workbench.lab.ch02.budget import SEED_RANGE, KVShare, deployment_budget
 from workbench.lab.ch02.eviction import EvictionSweep, PolicyComparison, eviction_prompts
 from workbench.lab.ch02.policy_sim import simulate
-from workbench.lab.ch02.runs import CacheComparison, PagedTrace, PrefixRun
+from workbench.lab.ch02.runs import WITH_CACHE, WITHOUT_CACHE, CacheComparison, PagedTrace, PrefixRun
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
 
@@ -92,44 +93,50 @@ def exercises() -> dict[str, Exercise]:
 
 
 def _cache_row(cache: CacheComparison) -> Takeaway:
-    return Takeaway(
+    steps = Evidence.bootstrap("decode step without / with the cache", cache.decode_steps_ms(WITHOUT_CACHE),
+                               cache.decode_steps_ms(WITH_CACHE), n_label="decode steps")
+    same = Evidence.exact("greedy tokens identical with and without the cache", float(cache.same_tokens), 0.5,
+                          unit="")
+    return Takeaway.judged(
         "The KV cache stores keys and values, eliminating redundant computation during generation.",
         f"decode {cache.cached_tokens_per_s:.1f} vs {cache.recompute_tokens_per_s:.1f} tokens/s with and without "
         f"the cache ({cache.speedup:.1f}x); identical greedy tokens both ways: {cache.same_tokens}",
-        Verdict.judge(holds := cache.same_tokens and cache.speedup > 1),
-        note="" if holds else "not seen in this run: " + (
+        [steps, same],
+        wrong_note="not seen in this run: " + (
             "the greedy tokens differ between the modes" if not cache.same_tokens else
             "decoding was no faster with the cache (at this short a context the recompute is cheap)"))
 
 
 def _size_row(share: KVShare) -> Takeaway:
     formula = 2 * 80 * 8 * 4096 * 128 * 2
-    exact = kv_bytes(model_spec("llama-3-70b"), 4096, kv_format=torch.float16) == formula
+    package = kv_bytes(model_spec("llama-3-70b"), 4096, kv_format=torch.float16)
     v = share.verdict
-    in_range = share.inside_share > 0.5
-    return Takeaway(
+    return Takeaway.judged(
         "Cache size scales with layers x KV heads x head_dim x length x batch; often 10–30% of GPU memory.",
         f"the size formula gives the package's sizing for a 70B model (80 layers, 8 KV heads, 4,096 fp16 tokens): "
-        f"{exact}; the share of GPU memory a serving engine leaves the cache runs from {v['lowest']:.0%} to "
-        f"{v['highest']:.0%} across {v['fitting']} deployments, {v['inside']} of them inside "
+        f"{package == formula}; the share of GPU memory a serving engine leaves the cache runs from "
+        f"{v['lowest']:.0%} to {v['highest']:.0%} across {v['fitting']} deployments, {v['inside']} of them inside "
         f"{SEED_RANGE[0]:.0%}–{SEED_RANGE[1]:.0%}",
-        Verdict.judge(exact and in_range),
-        note="" if exact and in_range else
-        ("the formula holds, but '10–30% of GPU memory' is not a rule: the cache gets whatever the weights and "
-         "activations leave, which depends on the model, the GPU and the tensor-parallel degree" if exact else
-         "the formula does not match the package's sizing"))
+        [Evidence.exact("|package sizing - formula| (bytes)", abs(package - formula), 0.5, expect="below", unit="B"),
+         Evidence.exact("share of deployments inside 10–30%", share.inside_share, 0.5, n=int(v["fitting"]),
+                        n_label=f"{v['fitting']} deployments", unit="%")],
+        wrong_note=("the formula holds, but '10–30% of GPU memory' is not a rule: the cache gets whatever the "
+                    "weights and activations leave, which depends on the model, the GPU and the tensor-parallel "
+                    "degree" if package == formula else "the formula does not match the package's sizing"))
 
 
 def _paged_row(paged: PagedTrace) -> Takeaway:
     totals = paged.totals(2048, 16)
-    return Takeaway(
+    return Takeaway.judged(
         "PagedAttention allocates fixed blocks: near-zero waste and cross-request prefix sharing.",
         f"{len(paged.lengths)} mixed requests: paged blocks of 16 tokens waste {totals['paged_waste']:.1%} of what "
         f"they hold (partly filled last blocks), max_len-2,048 buffers waste {totals['contiguous_waste']:.1%}",
-        Verdict.judge(totals["paged_waste"] < totals["contiguous_waste"], caveat=totals["paged_waste"] >= 0.02),
-        note="near zero against contiguous buffers, but each sequence's last block is partly empty: up to "
-             "block_size - 1 tokens per sequence, several percent for short requests"
-        if totals["paged_waste"] >= 0.02 else "")
+        Evidence.exact("contiguous waste - paged waste", totals["contiguous_waste"] - totals["paged_waste"], 0.0,
+                       n=len(paged.lengths), n_label=f"{len(paged.lengths)} requests (block counts)", unit="pts"),
+        caveat=totals["paged_waste"] >= 0.02,
+        caveat_note="near zero against contiguous buffers, but each sequence's last block is partly empty: up to "
+                    "block_size - 1 tokens per sequence, several percent for short requests",
+        wrong_note="paged blocks wasted no less than contiguous buffers here")
 
 
 def _prefix_row(history: list[PrefixRun]) -> Takeaway:
@@ -140,15 +147,21 @@ def _prefix_row(history: list[PrefixRun]) -> Takeaway:
     if hit is None or off is None or dynamic is None:
         return Takeaway(claim, f"{len(history)} configuration(s) run; the comparison needs static first with "
                         "caching on and off, and dynamic first", Verdict.NOT_MEASURABLE,
-                        note="run the three prefix-cache configurations of section 7 first")
+                        note="run the three prefix-cache configurations of section 7 first",
+                        evidence=(Evidence.absent("TTFT with and without the prefix cache"),))
     speedup = off.later_median_ms / hit.later_median_ms
-    return Takeaway(
+    faster = Evidence.bootstrap("TTFT after the first request, caching off / on",
+                                off.frame["ttft_ms"].iloc[1:], hit.frame["ttft_ms"].iloc[1:])
+    exact_only = Evidence.exact("token hit rate with the per-request header first", dynamic.hit_rate,
+                                hit.warm_hit_rate / 2, expect="below", n=len(dynamic.frame),
+                                n_label=f"{len(dynamic.frame)} requests (token counts)", unit="%")
+    return Takeaway.judged(
         claim,
         f"median TTFT after the first request: {hit.later_median_ms:.0f} ms with hits vs {off.later_median_ms:.0f} "
         f"ms with caching off ({speedup:.1f}x); with the per-request header first the hit rate is "
         f"{dynamic.hit_rate:.0%}",
-        Verdict.judge(holds := speedup > 1.5 and dynamic.hit_rate == 0),
-        note="" if holds else "not seen in this run: " + (
+        [faster, exact_only],
+        wrong_note="not seen in this run: " + (
             "requests with the header first still hit the cache" if dynamic.hit_rate else
             "hits were not clearly faster than the same requests with caching off"))
 
@@ -157,14 +170,14 @@ def _eviction_row(eviction: EvictionSweep, policies: PolicyComparison) -> Takeaw
     gaps = {**eviction.policy_gaps, **policies.policy_gaps}
     by_budget = eviction.budget_spread
     by_policy = max(abs(g) for g in gaps.values())
-    holds = by_policy >= 0.5 * by_budget
-    return Takeaway(
+    return Takeaway.judged(
         "Eviction policy affects effective cache use as much as raw cache size.",
         f"the cache budget moves the engine's hit rate by {100 * by_budget:.0f} points; LFU minus LRU, where they "
         "differ most: " + ", ".join(f"{100 * g:+.0f} points ({stream})" for stream, g in gaps.items()),
-        Verdict.judge(holds),
-        note="" if holds else "whether the working set fits matters far more than the policy: size the cache "
-                              "first, the policy is a second-order dial")
+        Evidence.exact("largest policy gap / budget effect on the hit rate", by_policy / by_budget, 0.5,
+                       n=len(gaps), n_label=f"{len(gaps)} streams (token counts)"),
+        wrong_note="whether the working set fits matters far more than the policy: size the cache first, the "
+                   "policy is a second-order dial")
 
 
 def closing_table(cache: CacheComparison, share: KVShare, paged: PagedTrace, prefix_history: list[PrefixRun],

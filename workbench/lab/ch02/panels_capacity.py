@@ -85,6 +85,9 @@ class KVShareLab(LabPanel):
         shown = self.result.table.copy()
         for column in ("weights", "activations", "kv_cache", "held_back"):
             shown[column] = (100 * shown[column]).round(1)
+        cannot = shown["kv_cache"].isna()
+        for column in ("activations", "kv_cache", "kv_GiB"):
+            shown[column] = shown[column].astype(object).where(~cannot, "does not fit")
         shown = shown.rename(columns={"weights": "weights %", "activations": "activations %",
                                       "kv_cache": "KV cache %", "held_back": "held back %",
                                       "sequences": "sequences of that context"})

@@ -83,7 +83,7 @@ class EvictionLab(LabPanel):
             f"working set {working} blocks. The engine's token hit rate goes from "
             f"<b>{frame['hit_rate'].min():.0%}</b> to <b>{frame['hit_rate'].max():.0%}</b> across budgets; the "
             f"simulator's LRU matches it exactly: <b>{sweep.simulator_matches_engine}</b>. LFU minus LRU where "
-            f"they differ most: <b>{gap:+.0%}</b>.")
+            f"they differ most: <b>{100 * gap:+.0f} points</b>.")
 
 
 class PolicyLab(LabPanel):
@@ -118,6 +118,6 @@ class PolicyLab(LabPanel):
                                              f"{result.num_prefixes} shared prefixes (simulated)")
         self.status.value = (
             "LFU minus LRU where they differ most: " + ", ".join(
-                f"<b>{gap:+.0%}</b> {stream}" for stream, gap in result.policy_gaps.items())
+                f"<b>{100 * gap:+.0f} points</b> ({stream})" for stream, gap in result.policy_gaps.items())
             + ". Across budgets the hit rate itself moves by " + ", ".join(
-                f"{value:.0%} ({p})" for p, value in result.budget_spreads.items()) + ".")
+                f"{100 * value:.0f} points ({p})" for p, value in result.budget_spreads.items()) + ".")

@@ -18,7 +18,9 @@ from workbench.cache.memory_compare import compare_reservations
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.generation import generate
+from workbench.lab.kit.baseline import Baseline
 from workbench.prompts import encode_prompt
+from workbench.timing import describe_machine
 from workbench.workloads import NAMES, WorkloadRequest, questions, static_instructions
 
 ProgressFn = Callable[[int, int, str], None]
@@ -58,6 +60,11 @@ class CacheComparison:
 
     def ttft_ms(self, mode: str) -> float:
         return float(self.summary.loc[mode, "ttft_ms"])
+
+    def decode_steps_ms(self, mode: str) -> list[float]:
+        """Every decode step's time in ``mode`` (the first token, the prefill, left out)."""
+        rows = self.steps[(self.steps["mode"] == mode) & (self.steps["token_index"] > 0)]
+        return rows["step_ms"].tolist()
 
 
 def cache_vs_no_cache(model, tokenizer, *, context_tokens: int = 48, max_tokens: int = 32,
@@ -251,3 +258,29 @@ def prefix_cache_run(model, tokenizer, *, static_tokens: int = 500, layout: str 
     engine.blocks.reset_stats()
     frame = _sequential_ttft(engine, prompts, progress)
     return PrefixRun(static_tokens, layout, caching, frame, engine.blocks.stats.hit_rate)
+
+
+def chapter_baseline(cache: CacheComparison, history: list[PrefixRun], model) -> Baseline:
+    """The figures this chapter timed, for the cross-chapter registry: the cached decode step (section 3), the
+    cache-off miss per prompt token and a hit's cost per new token (section 7)."""
+    runs = {(r.layout, r.caching): r for r in history}
+    off, hit = runs.get(("static first", False)), runs.get(("static first", True))
+    decode = statistics.median(cache.decode_steps_ms(WITH_CACHE))
+    fields: dict = {"decode_step_ms": decode}
+    if off is not None:
+        later = off.frame.iloc[1:]
+        fields |= {"prefill_ms_per_token": float((later["ttft_ms"] / later["prompt_tokens"]).median()),
+                   "prefill_tokens": int(later["prompt_tokens"].median())}
+    if hit is not None and hit.hits:
+        hits = hit.frame[hit.frame["hit"]]
+        new = hits["prompt_tokens"] - hits["cached_tokens"]
+        fields |= {"prefill_cached_ms_per_token": float((hits["ttft_ms"] / new).median()),
+                   "prefill_cached_tokens": int(new.median())}
+    return Baseline(
+        chapter="ch02", machine=describe_machine(model.device), dtype=str(model.dtype).removeprefix("torch."),
+        source="section 3's cached decode (median step after the first token, single-sequence loop) and section 7's "
+               "engine runs, one request at a time after an uncounted warm-up: the cache-off requests after the "
+               "first (TTFT / prompt tokens), the hits (TTFT / new tokens)",
+        **fields).explain(prefill_cached_ms_per_token=(
+            "a hit computes only its few dozen new tokens, so one forward's fixed cost (every weight read once, "
+            "tens of ms) is shared by few tokens: per new token it costs more than a long miss"))
