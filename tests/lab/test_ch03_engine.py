@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from closing_helpers import rows_that_never_turn
 
 from workbench.lab import ch03
 from workbench.lab.ch03.panels_engine import TTFT_BAR
@@ -58,18 +59,19 @@ def _frame(reads: list[int], writes: list[int], ttft: list[float], prompt: int =
                          "cost_usd": 0.001, "ttft_ms": ttft})
 
 
-def _results(dynamic_reads: list[int]):
+def _results(dynamic_reads: list[int], moving_reads=(0, 1300, 1500), http_input=(43, 43)):
     static = ch03.LayoutRun("static first", "claude-sonnet-4-5", _frame([0, 1104, 1104], [1104, 0, 0],
                                                                          [3000, 1500, 1500]), 11000)
     dynamic = ch03.LayoutRun("timestamp first", "claude-sonnet-4-5",
                              _frame(dynamic_reads, [1104 if r == 0 else 0 for r in dynamic_reads], [3000] * 3), 3000)
     multi_rows = []
-    for name, reads in zip(ch03.MULTI_TURN_VARIANTS, ([0, 1300, 1500], [0, 1104, 1104]), strict=True):
+    for name, reads in zip(ch03.MULTI_TURN_VARIANTS, (list(moving_reads), [0, 1104, 1104]), strict=True):
         multi_rows += [{"request": i, "variant": name, "prompt_tokens": 1200 + 200 * i, "cache_read": r,
                         "cost_usd": 0.001 * (3 - i * r / 1500)} for i, r in enumerate(reads)]
     multi = ch03.MultiTurnRun(pd.DataFrame(multi_rows))
     http = ch03.HttpUsage(pd.DataFrame({"api": ["anthropic /v1/messages"] * 2, "request": [0, 1],
-                                        "input_tokens": [43, 43], "cache_write": [1104, 0], "cache_read": [0, 1104],
+                                        "input_tokens": list(http_input), "cache_write": [1104, 0],
+                                        "cache_read": [0, 1104],
                                         "engine_cached": [0, 1120], "prompt_tokens": [1147, 1147]}))
     return static, dynamic, multi, http, ch03.daily_economics(requests_per_day=100)
 
@@ -84,6 +86,14 @@ def test_closing_table_verdicts_are_computed():
 def test_a_result_that_contradicts_a_claim_turns_its_verdict():
     table = ch03.closing_table(*_results([0, 1104, 1104]))  # the dynamic line on top, yet the cache was read
     assert table.verdicts[0] is Verdict.WRONG and table.verdicts[4] is Verdict.WRONG
+
+
+def test_every_measured_row_can_turn():
+    """Row 2 is the price table's arithmetic: it turns only with other prices."""
+    agree = ch03.closing_table(*_results([0, 0, 0]))
+    against = ch03.closing_table(*_results([0, 1104, 1104], moving_reads=(0, 900, 1000), http_input=(43, 0)))
+    assert rows_that_never_turn(agree, against) == [2]
+    assert "over the warm requests" in agree.rows[2].measured and "cold" in agree.rows[2].note
 
 
 @pytest.mark.slow

@@ -24,5 +24,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "break_even_requests": "workbench.hosted.costs",
     "EconomicsLab": "panels", "TTLLab": "panels",
     "LayoutLab": "panels_engine", "MultiTurnLab": "panels_engine", "MinimumLab": "panels_engine",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "chapter_baseline": "runs", "turn_reading": "runs",
+    "seed_claims": "seed",
 })

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from workbench.hosted import AnthropicCache, Block, SimClock
-from workbench.hosted.costs import break_even_requests, daily_costs, provider_table, seed_worked_example
+from workbench.hosted.costs import break_even_requests, daily_costs, provider_table, seed_worked_example, unit_prices
+from workbench.hosted.pricing import model_price
 from workbench.lab.ch03.bench import DEFAULT_MODEL
 
 RATES = [10, 30, 100, 300, 1_000, 3_000, 10_000, 30_000, 100_000]
@@ -58,6 +59,18 @@ class Economics:
     @property
     def cheaper_with_caching(self) -> bool:
         return self.point["cached_per_day"] < self.point["uncached_per_day"]
+
+    def with_reasons(self) -> pd.DataFrame:
+        """The provider table with a column saying why a row never hits: a prefix under the model's minimum."""
+        def why(row: pd.Series) -> str:
+            minimum = model_price(row["provider"], row["model"]).min_cacheable_tokens
+            return "" if row["cacheable"] else f"{self.prefix_tokens:,} < its {minimum:,}-token minimum: never cached"
+        return self.table.assign(**{"why no hits": self.table.apply(why, axis=1)})
+
+    def multipliers(self) -> dict[str, float]:
+        """What a hit saves and what a miss adds, as fractions of the input price (from the price table)."""
+        p = unit_prices(self.provider, self.model, self.ttl)
+        return {"hit_saves": 1 - p["read"] / p["input"], "miss_adds": p["write"] / p["input"] - 1}
 
     @property
     def comparison(self) -> str:

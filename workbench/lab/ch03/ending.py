@@ -9,7 +9,8 @@ from workbench.hosted.costs import break_even_requests, daily_costs, hit_probabi
 from workbench.lab.ch03.bench import MULTI_TURN_VARIANTS
 from workbench.lab.ch03.economics import Economics
 from workbench.lab.ch03.runs import HttpUsage, LayoutRun, MultiTurnRun
-from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.closing import ClosingTable, Takeaway
+from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 
 # The seed's "N ≈ 1.5": a computed N* further than this from it makes the figure loose (a caveat).
@@ -62,24 +63,29 @@ def exercises() -> dict[str, Exercise]:
 
 # --------------------------------------------------------------------------------------------- closing table
 def _static_first(static: LayoutRun, dynamic: LayoutRun) -> Takeaway:
-    holds = static.hit_rate > 0.5 and dynamic.hit_rate == 0
     faster = static.hit_ms < static.miss_ms
-    return Takeaway(
+    read = Evidence.exact("share of warm prompt tokens read from cache, static first", static.warm_hit_rate, 0.5,
+                          n=len(static.frame) - 1, n_label=f"{len(static.frame) - 1} warm requests (token counts)",
+                          unit="%")
+    none = Evidence.exact(f"share read, {dynamic.layout}", dynamic.warm_hit_rate, static.warm_hit_rate / 2,
+                          expect="below", n=len(dynamic.frame) - 1,
+                          n_label=f"{len(dynamic.frame) - 1} warm requests (token counts)", unit="%")
+    return Takeaway.judged(
         "Caching works on exact prefixes: put static content first.",
-        f"static first: {static.hit_rate:.0%} of prompt tokens read from cache, median TTFT {static.hit_ms:,.0f} ms "
-        f"on hits vs {static.miss_ms:,.0f} ms on the miss (warm-up excluded); {dynamic.layout}: "
-        f"{dynamic.hit_rate:.0%} read",
-        Verdict.judge(holds, caveat=not faster),
-        note=("" if faster else "the bill drops, but on this machine the hits were not faster") if holds else
-             (f"the static-first layout read only {static.hit_rate:.0%}" if dynamic.hit_rate == 0 else
-              f"the dynamic line on top still read {dynamic.hit_rate:.0%} from cache"))
+        f"static first: {static.warm_hit_rate:.0%} of the warm requests' prompt tokens read from cache "
+        f"({static.hit_rate:.0%} counting the cold first one; the ceiling is {static.ceiling:.0%}), median TTFT "
+        f"{static.hit_ms:,.0f} ms on hits vs {static.miss_ms:,.0f} ms on the miss (warm-up excluded); "
+        f"{dynamic.layout}: {dynamic.hit_rate:.0%} read",
+        [read, none], caveat=not faster,
+        caveat_note="the bill drops, but on this machine the hits were not faster",
+        wrong_note=(f"the static-first layout read only {static.warm_hit_rate:.0%}" if dynamic.hit_rate == 0 else
+                    f"the dynamic line on top still read {dynamic.hit_rate:.0%} from cache"))
 
 
 def _break_even(econ: Economics) -> Takeaway:
     five, _ = break_even_requests("anthropic", econ.model, "5m")
     hour, hour_whole = break_even_requests("anthropic", econ.model, "1h")
     per_day = econ.break_even_per_day
-    holds = hour_whole <= WITHIN
     loose = abs(five - SEED_N) > LOOSE
     low_traffic = per_day is not None and per_day > 0
     notes = []
@@ -88,51 +94,64 @@ def _break_even(econ: Economics) -> Takeaway:
     if low_traffic:
         notes.append(f"the requests must fall within the TTL: with random arrivals caching pays only from about "
                      f"{per_day:,.0f} requests a day")
-    return Takeaway(
+    return Takeaway.judged(
         "Break-even comes within 2-3 requests.",
         f"{econ.model}: N* = {five:.2f} requests (5-minute TTL), {hour:.2f} (1-hour); at {econ.requests_per_day:,} "
         f"random requests a day caching is {econ.comparison} (${econ.point['cached_per_day']:,.2f} vs "
         f"${econ.point['uncached_per_day']:,.2f} a day)",
-        Verdict.judge(holds, caveat=loose or low_traffic),
-        note="; ".join(notes) if holds else f"with the 1-hour TTL it takes {hour_whole} requests")
+        Evidence.exact("whole requests to break even, 1-hour TTL", hour_whole, WITHIN + 0.5, expect="below",
+                       n_label="the price table", unit=""),
+        caveat=loose or low_traffic, caveat_note="; ".join(notes),
+        wrong_note=f"with the 1-hour TTL it takes {hour_whole} requests")
 
 
 def _usage_fields(http: HttpUsage) -> Takeaway:
-    holds = http.fields_add_up and http.anthropic_hit_rate > 0
-    rates = ", ".join(f"{api} {rate:.0%}" for api, rate in http.hit_rates.items())
-    return Takeaway(
+    rates = ", ".join(f"{api} {rate:.0%} over the warm requests ({http.hit_rates[api]:.0%} with the cold first)"
+                      for api, rate in http.warm_hit_rates.items())
+    adds = Evidence.exact("requests whose usage fields add up to the prompt", float(http.fields_add_up), 0.5,
+                          n=len(http.frame), n_label=f"{len(http.frame)} requests", unit="")
+    reported = Evidence.exact("warm hit rate reported by usage, Anthropic API",
+                              http.warm_hit_rates.get("anthropic /v1/messages", 0.0), 0.0, n=len(http.frame),
+                              n_label=f"{len(http.frame)} requests (token counts)", unit="%")
+    return Takeaway.judged(
         "Measure hit rates from usage fields.",
         f"through the HTTP server, reported as cached: {rates}; input + cache write + cache read "
         f"{'adds up to' if http.fields_add_up else 'does not add up to'} the prompt on every request",
-        Verdict.judge(holds, caveat=http.engine_differs),
-        note=("the engine's own count differs (16-token blocks, no minimum): usage is what is billed, not what "
-              "was computed" if http.engine_differs else "usage did not report the cached prefix"))
+        [adds, reported], caveat=http.engine_differs,
+        caveat_note="the engine's own count differs (16-token blocks, no minimum), and the engine's reuse and the "
+                    "provider's billing are independent here (the first OpenAI request reused the engine's cache "
+                    "warmed by the Anthropic run, yet billed nothing as cached): usage is what is billed, not what "
+                    "was computed; and a hit rate over a handful of requests must say whether the cold one counts",
+        wrong_note="usage did not report the cached prefix, or its fields do not add up")
 
 
 def _system_only(multi: MultiTurnRun) -> Takeaway:
     moving, fixed = multi.moving_share, multi.fixed_share
-    holds = fixed >= moving
     moving_usd, fixed_usd = (multi.costs[name] for name in MULTI_TURN_VARIANTS)
     cheaper = moving_usd < fixed_usd
-    return Takeaway(
+    return Takeaway.judged(
         "Cache the system prompt, not the conversation history.",
         f"after turn 1, the breakpoint on the last message reads {moving:.0%} of each prompt, on the system prompt "
         f"only {fixed:.0%}; the conversation costs ${moving_usd:.5f} vs ${fixed_usd:.5f}",
-        Verdict.judge(holds),
-        note="" if holds else ("the moving breakpoint reads the previous turns through the lookback and writes "
-                               "only the new turn: the growing history caches incrementally"
-                               + (", and the conversation costs less" if cheaper else
-                                  ", though here the conversation does not cost less")))
+        Evidence.exact("share read, system-only minus last-message breakpoint", fixed - moving, 0.0,
+                       n=int((multi.frame.request > 0).sum()), n_label="later turns (token counts)", unit="pts"),
+        wrong_note="the moving breakpoint reads the previous turns through the lookback and writes only the new "
+                   "turn: the growing history caches incrementally"
+                   + (", and the conversation costs less" if cheaper else ", though here the conversation does "
+                      "not cost less"))
 
 
-def _dynamic(dynamic: LayoutRun) -> Takeaway:
-    holds = dynamic.hit_rate == 0 and dynamic.writes_every_request
-    return Takeaway(
+def _dynamic(dynamic: LayoutRun, static: LayoutRun) -> Takeaway:
+    writes = int((dynamic.frame.cache_write > 0).sum())
+    return Takeaway.judged(
         "Dynamic values destroy cache hits for everything after them.",
         f"{dynamic.layout}: {dynamic.hit_rate:.0%} of prompt tokens read from cache; "
-        f"{int((dynamic.frame.cache_write > 0).sum())} of {len(dynamic.frame)} requests paid the write",
-        Verdict.judge(holds),
-        note="" if holds else "some requests still read the cache with the dynamic line on top")
+        f"{writes} of {len(dynamic.frame)} requests paid the write",
+        [Evidence.exact(f"share read, {dynamic.layout}", dynamic.warm_hit_rate, static.warm_hit_rate / 2,
+                        expect="below", n=len(dynamic.frame) - 1, n_label="warm requests (token counts)", unit="%"),
+         Evidence.exact("requests that paid the write", writes / len(dynamic.frame), 0.5, n=len(dynamic.frame),
+                        n_label=f"{len(dynamic.frame)} requests", unit="%")],
+        wrong_note="some requests still read the cache with the dynamic line on top")
 
 
 def closing_table(static: LayoutRun, dynamic: LayoutRun, multi: MultiTurnRun, http: HttpUsage,
@@ -143,4 +162,4 @@ def closing_table(static: LayoutRun, dynamic: LayoutRun, multi: MultiTurnRun, ht
     ``multi``: the two breakpoint placements (section 5), ``http``: usage through the server (section 8),
     ``econ``: the economics at the rate the notebook set last (section 3)."""
     return ClosingTable([_static_first(static, dynamic), _break_even(econ), _usage_fields(http),
-                         _system_only(multi), _dynamic(dynamic)])
+                         _system_only(multi), _dynamic(dynamic, static)])

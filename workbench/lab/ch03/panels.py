@@ -71,10 +71,10 @@ class EconomicsLab(LabPanel):
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         cols = ["provider", "model", "ttl", "hit_rate", "uncached_per_day", "cached_per_day", "saving_per_month",
-                "break_even_exact", "miss_cost_usd"]
+                "break_even_exact", "miss_cost_usd", "why no hits"]
         e = self.result
-        return [(f"Every provider model at {e.requests_per_day:,} requests/day, {e.prefix_tokens:,} static tokens",
-                 e.table[cols].round(4))]
+        return [(f"Every provider model at {e.requests_per_day:,} requests/day, {e.prefix_tokens:,} static tokens "
+                 "(break_even_exact holds only for a prefix the model caches)", e.with_reasons()[cols].round(4))]
 
 
 class TTLLab(LabPanel):

@@ -6,6 +6,7 @@ break-even, the TTL timeline) is `workbench.lab.ch03.economics`.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import httpx
@@ -20,6 +21,8 @@ from workbench.lab.ch03.bench import (
     conversation_bodies,
     layout_body,
 )
+from workbench.lab.kit.baseline import Baseline
+from workbench.timing import describe_machine
 from workbench.workloads import static_instructions
 
 
@@ -27,6 +30,18 @@ def hit_rate(frame: pd.DataFrame) -> float:
     """Cache reads over all prompt tokens: the seed's measure, read from usage fields."""
     total = frame["prompt_tokens"].sum()
     return float(frame["cache_read"].sum() / total) if total else 0.0
+
+
+def warm_hit_rate(frame: pd.DataFrame) -> float:
+    """The same over the requests after the first, cold one (which has nothing to read): with a handful of
+    requests the cold one moves the rate a long way."""
+    return hit_rate(frame[frame["request"] > 0])
+
+
+def ceiling(frame: pd.DataFrame) -> float:
+    """The most a warm request can read: the prompt up to the breakpoint (static / (static + dynamic))."""
+    warm = frame[frame["request"] > 0]
+    return float(((warm["prompt_tokens"] - warm["input_tokens"]) / warm["prompt_tokens"]).median())
 
 
 # ------------------------------------------------------------------------------------------------ layouts
@@ -43,6 +58,18 @@ class LayoutRun:
     @property
     def hit_rate(self) -> float:
         return hit_rate(self.frame)
+
+    @property
+    def warm_hit_rate(self) -> float:
+        return warm_hit_rate(self.frame)
+
+    @property
+    def ceiling(self) -> float:
+        return ceiling(self.frame)
+
+    def ttfts(self, hits: bool) -> list[float]:
+        """TTFT of every request that read the provider cache (``hits``) or did not."""
+        return self.frame.loc[(self.frame.cache_read > 0) == hits, "ttft_ms"].tolist()
 
     @property
     def hit_ms(self) -> float:
@@ -100,6 +127,16 @@ class MultiTurnRun:
         return self.shares[MULTI_TURN_VARIANTS[1]]
 
 
+def turn_reading(run: MultiTurnRun, turn: int = 1) -> str:
+    """What one later turn wrote and read under each placement, read from the run (not typed)."""
+    rows = run.frame[run.frame.request == turn].set_index("variant")
+    moving, fixed = (rows.loc[name] for name in MULTI_TURN_VARIANTS)
+    return (f"turn {turn} with the breakpoint on the last message wrote {int(moving.cache_write):,} tokens and read "
+            f"{int(moving.cache_read):,}: one request reports both, because the lookback found the previous "
+            f"turn's entry and only the new turn was written. With the breakpoint on the system prompt only it "
+            f"read {int(fixed.cache_read):,} and paid full price for {int(fixed.input_tokens):,}")
+
+
 def multi_turn_run(bench: HostedBench, *, turns: int = 4, gap_s: float = 30.0,
                    progress: ProgressFn | None = None) -> MultiTurnRun:
     bench.fresh()
@@ -154,6 +191,11 @@ class HttpUsage:
         return {api: hit_rate(part) for api, part in self.frame.groupby("api")}
 
     @property
+    def warm_hit_rates(self) -> dict[str, float]:
+        """Per API, over the requests after the first, cold one."""
+        return {api: warm_hit_rate(part) for api, part in self.frame.groupby("api")}
+
+    @property
     def anthropic_hit_rate(self) -> float:
         return hit_rate(self.frame[self.frame.api.str.startswith("anthropic")])
 
@@ -202,3 +244,25 @@ def http_usage_run(bench: HostedBench, *, num_requests: int = 3) -> HttpUsage:
     frame = pd.DataFrame(rows)
     frame["prompt_tokens"] = frame["input_tokens"] + frame["cache_write"] + frame["cache_read"]
     return HttpUsage(frame)
+
+
+def chapter_baseline(runs: dict[str, LayoutRun], model) -> Baseline:
+    """The figures this chapter timed, for the cross-chapter registry: the misses of section 4 (the first
+    request of each layout: nothing cached) and the timestamp-first requests after it, whose engine found 16
+    cached tokens and computed the rest."""
+    misses = [(r.frame.ttft_ms.iloc[0], r.frame.prompt_tokens.iloc[0]) for r in runs.values()]
+    ttft, tokens = statistics.median(t for t, _ in misses), int(statistics.median(n for _, n in misses))
+    fields: dict = {"prefill_ms_per_token": ttft / tokens, "prefill_tokens": tokens, "ttft_miss_ms": ttft,
+                    "ttft_tokens": tokens}
+    partial = [r for r in runs.values() if r.hit_rate == 0 and (r.frame.engine_cached.iloc[1:] > 0).any()]
+    if partial:
+        later = partial[0].frame.iloc[1:]
+        new = later.prompt_tokens - later.engine_cached
+        fields |= {"prefill_cached_ms_per_token": float((later.ttft_ms / new).median()),
+                   "prefill_cached_tokens": int(new.median())}
+    return Baseline(chapter="ch03", machine=describe_machine(model.device),
+                    dtype=str(model.dtype).removeprefix("torch."),
+                    source="section 4's engine runs, one request at a time after an unbilled warm-up: the first "
+                           "request of each layout (nothing cached: TTFT / prompt tokens) and the timestamp-first "
+                           "requests after it (16 tokens from the engine's cache: TTFT / the tokens computed)",
+                    **fields)
