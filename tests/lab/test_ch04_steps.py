@@ -89,9 +89,12 @@ def test_decode_lab_floor_and_bytes_per_token(decode, peaks):
 
 def test_seed_numbers_recomputed(peaks):
     claims = ch04.seed_decode_claims(peaks)
-    assert claims.loc["llama-3-70b", "floor at 2 TB/s (ms)"] == pytest.approx(70.55, rel=1e-3)
-    assert claims.loc["llama-2-7b", "floor at 2 TB/s (ms)"] == pytest.approx(6.74, rel=1e-3)
-    assert claims.loc["llama-2-7b", "implied TB/s"] == "0.45-0.67"
+    # 141 GB on one 80 GiB A100 is no deployment: the floor is taken at TP 2, each GPU reading half the weights.
+    assert claims.loc["llama-3-70b", "on one A100 80GB"] == "needs TP >= 2" and claims.loc["llama-3-70b", "at TP"] == 2
+    assert claims.loc["llama-3-70b", "GPU floor (ms)"] == pytest.approx(141.11e9 / 2 / 2.039e12 * 1e3, rel=1e-3)
+    assert claims.loc["llama-2-7b", "GPU floor (ms)"] == pytest.approx(13.48e9 / 2.039e12 * 1e3, rel=1e-3)
+    assert claims.loc["llama-2-7b", "implied TB/s per GPU"] == "0.45-0.67"
+    assert "at most 0.67 TB/s per GPU, 33%" in ch04.implied_bandwidth_reading(claims)
     assert ch04.streaming_arithmetic() == {"streamed_s": 15.0, "buffered_s": 3.0, "rate_for_equal_s": 100.0}
     with pytest.raises(ValueError, match="bytes_per_s"):
         ch04.decode_floor_ms(workbench.model_spec("llama-2-7b"), 0)
@@ -123,5 +126,6 @@ def test_exercises_right_wrong_and_unanswered(roofline, tiny_model):
         assert exercise.check(expected).correct is True
         assert exercise.check(None).correct is None
         assert exercise.check(expected * 3 + 1).correct is False
-    assert exercises["floor_70b"].check(70.6).correct is True  # within 2%
+    assert exercises["floor_70b"].check(34.8).correct is True  # within 2%
+    assert exercises["floor_70b"].check(70.6).correct is False  # the one-GPU figure: no deployment
     assert exercises["ttft_ratio"].expected() == pytest.approx(ttft.ttft_long_ms / ttft.ttft_short_ms)

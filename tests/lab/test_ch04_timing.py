@@ -124,7 +124,8 @@ def test_closing_table_says_wrong_when_a_result_contradicts_the_claim(results):
     alone = results["ttft_alone"]
     shrinking = dataclasses.replace(alone, frame=alone.frame.assign(ttft_s=alone.frame["ttft_s"].values[::-1]))
     run = results["streaming"]
-    late = dataclasses.replace(run, arrivals=run.arrivals.assign(seconds=run.arrivals["seconds"] + 100.0))
+    late = dataclasses.replace(run, arrivals=run.arrivals.assign(seconds=run.arrivals["seconds"] + 100.0),
+                               rounds=run.rounds.assign(ttft_s=run.rounds["ttft_s"] + 100.0))
     table = ch04.closing_table(**{**results, "ttft_alone": shrinking, "streaming": late})
     assert table.rows[1].verdict is Verdict.WRONG  # TTFT fell as the prompt grew
     assert table.rows[4].verdict is Verdict.WRONG  # the first streamed text came after the unstreamed whole

@@ -114,6 +114,8 @@ def measure_decode_steps(model: LlamaModel, batches: Sequence[int], contexts: Se
         middle = context + (steps + 1) // 2
         rows.append(_row(model, "decode", batch, middle, batch, float(decode["duration_s"].median()),
                          decode_work(batch, middle)))
+        # The spread of the timed steps, so that two rows closer than it are not read as a difference.
+        rows[-1] |= {"step_min_s": float(decode["duration_s"].min()), "step_max_s": float(decode["duration_s"].max())}
     return pd.DataFrame(rows)
 
 

@@ -24,5 +24,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "RooflineLab": "panels", "DecodeLab": "panels",
     "PrefillTTFTLab": "panels_timing", "ChunkedPrefillLab": "panels_timing",
     "StreamingLab": "panels_streaming",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "timing_baseline": "ending",
+    "implied_bandwidth_reading": "arithmetic", "seed_claims": "seed",
 })

@@ -9,13 +9,15 @@ import torch
 
 from workbench.cache.sizing import weight_bytes
 from workbench.config import ModelSpec
+from workbench.lab.kit.feasibility import DEVICES, check, smallest_feasible
 from workbench.models import model_spec
 from workbench.roofline import DevicePeaks, count_step, decode_work, prefill_work
 
 # The course's decode claims: (model config, what it says a decode step takes on "a fast GPU", in ms).
 SEED_DECODE_CLAIMS = (("llama-2-7b", 20.0, 30.0), ("llama-3-70b", 150.0, 200.0))
-# A100 80GB: ~2 TB/s, the HBM bandwidth an A100 80GB is sold with.
+# A100 80GB: ~2 TB/s, the HBM bandwidth an A100 80GB is sold with (2.04 TB/s: workbench.lab.kit.feasibility).
 A100_BYTES_PER_S = 2.0e12
+SEED_GPU = "A100 80GB"  # the seed's "fast GPU"
 
 
 def decode_floor_ms(spec: ModelSpec, bytes_per_s: float, *, dtype: torch.dtype = torch.bfloat16) -> float:
@@ -25,18 +27,32 @@ def decode_floor_ms(spec: ModelSpec, bytes_per_s: float, *, dtype: torch.dtype =
     return weight_bytes(spec, dtype) / bytes_per_s * 1e3
 
 
-def seed_decode_claims(peaks: DevicePeaks) -> pd.DataFrame:
+def seed_decode_claims(peaks: DevicePeaks, device: str = SEED_GPU) -> pd.DataFrame:
     """The course's 7B and 70B decode step times beside the floors weight bytes allow, and the bandwidth the
-    course's times imply (weights / claimed time)."""
+    course's times imply (weights / claimed time). The GPU floor is computed on the smallest deployment of
+    ``device`` that holds the weights (`workbench.lab.kit.feasibility`): a 141 GB model on one 80 GB GPU is no
+    deployment, so its floor is taken at the tensor-parallel degree it needs, each GPU reading half the weights."""
     rows = []
     for name, low, high in SEED_DECODE_CLAIMS:
         spec = model_spec(name)
         weights = weight_bytes(spec, torch.bfloat16)
+        alone, fits = check(name, device), smallest_feasible(name, device)
         rows.append({"model (bf16)": name, "weights GB": weights / 1e9, "seed says (ms)": f"{low:.0f}-{high:.0f}",
                      "floor here (ms)": decode_floor_ms(spec, peaks.bytes_per_s),
-                     "floor at 2 TB/s (ms)": decode_floor_ms(spec, A100_BYTES_PER_S),
-                     "implied TB/s": f"{weights / high * 1e3 / 1e12:.2f}-{weights / low * 1e3 / 1e12:.2f}"})
+                     f"on one {device}": "fits" if alone.fits else f"needs TP >= {alone.smallest_tp}",
+                     "GPU floor (ms)": fits.decode_floor_ms,
+                     "at TP": fits.tp,
+                     "implied TB/s per GPU": f"{weights / fits.tp / high * 1e3 / 1e12:.2f}-"
+                                             f"{weights / fits.tp / low * 1e3 / 1e12:.2f}"})
     return pd.DataFrame(rows).set_index("model (bf16)")
+
+
+def implied_bandwidth_reading(table: pd.DataFrame, device: str = SEED_GPU) -> str:
+    """How the bandwidth the seed's times imply compares with the GPU's, read from ``seed_decode_claims``."""
+    sold = DEVICES[device].bytes_per_s / 1e12
+    top = max(float(v.split("-")[1]) for v in table["implied TB/s per GPU"])
+    return (f"the seed's times imply at most {top:.2f} TB/s per GPU, {top / sold:.0%} of the {sold:.2f} TB/s an "
+            f"{device} is sold with")
 
 
 def streaming_arithmetic(tokens: int = 300, tokens_per_s: float = 20.0, buffered_s: float = 3.0) -> dict[str, float]:

@@ -71,11 +71,15 @@ class PrefillTTFTLab(LabPanel):
             set_trace(self.figure, COMPUTING_BAR, x=x, y=frame["computing_s"] * 1e3)
             set_trace(self.figure, PROPORTIONAL, x=x, y=sweep.ttft_long_ms * frame["prompt_tokens"] / sweep.longest)
             self.figure.layout.title.text = f"TTFT against prompt length: {sweep.arrivals}"
+        ratio = sweep.ttft_ratio
+        compare = (f"<b>{ratio:.1f}x</b> the short one's" if ratio >= 1 else
+                   f"<b>{1 / ratio:.1f}x shorter</b> than the short one's, which waited behind it")
         self.status.value = (
             f"{sweep.arrivals}: the {sweep.longest:,}-token prompt is {sweep.length_ratio:.0f}x longer than the "
-            f"{sweep.shortest:,}-token one and its TTFT is <b>{sweep.ttft_ratio:.1f}x</b> longer "
-            f"({sweep.ttft_short_ms:.0f} → {sweep.ttft_long_ms:.0f} ms). The shortest prompt spent "
-            f"<b>{sweep.shortest_queued_share:.0%}</b> of its TTFT queued.")
+            f"{sweep.shortest:,}-token one and its TTFT is {compare} "
+            f"({sweep.longest:,} tokens: {sweep.ttft_long_ms:.0f} ms; {sweep.shortest:,} tokens: "
+            f"{sweep.ttft_short_ms:.0f} ms). The shortest prompt spent <b>{sweep.shortest_queued_share:.0%}</b> of "
+            "its TTFT queued.")
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         f = self.result.frame

@@ -16,6 +16,7 @@ import pandas as pd
 
 from workbench.config import ModelSpec
 from workbench.lab.kit.baseline import Baseline
+from workbench.lab.kit.evidence import TIMING_FLOOR
 from workbench.lab.kit.notebook import dtype_name
 from workbench.progress import ProgressFn, no_progress
 from workbench.roofline import (
@@ -131,6 +132,19 @@ class DecodeSweep:
     def throughput_gain(self) -> float:
         """Tokens per second at the largest batch over batch 1's."""
         return self.largest_batch / self.itl_growth
+
+    def batch_noise(self) -> str:
+        """Which batch sizes cost the same step within the machine's noise (``TIMING_FLOOR`` around batch 1's,
+        or overlapping timed-step ranges), read from the sweep: a curve that dips between them is noise."""
+        b, one = self.by_batch, self.by_batch.iloc[0]
+        low, high = one["step_s"] * (1 - TIMING_FLOOR), one["step_s"] * (1 + TIMING_FLOOR)
+        same = [int(r["batch"]) for _, r in b.iterrows()
+                if r.get("step_max_s", r["step_s"]) >= low and r.get("step_min_s", r["step_s"]) <= high]
+        apart = [int(r["batch"]) for _, r in b.iterrows() if int(r["batch"]) not in same]
+        return (f"batches {', '.join(map(str, same))} cost batch 1's step within the noise (±{TIMING_FLOOR:.0%}, or "
+                f"overlapping ranges of their timed steps, {one['step_s'] * 1e3:.1f} ms at batch 1): an up-and-down "
+                "between them is the machine's noise, not the model"
+                + (f"; the step grows clearly from batch {apart[0]}" if apart else ""))
 
     @property
     def floor_ratio(self) -> float:
