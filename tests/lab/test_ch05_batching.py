@@ -65,7 +65,7 @@ def test_sweep_knee_and_goodput_follow_the_slo(panels):
 
 def _sweep(throughputs: list[float], ttfts: list[float]) -> ch05.ConcurrencySweep:
     rows = [{"mode": mode, "concurrency": c, "requests": 48, "output_tok_s": tps, "ttft_p50_ms": ttft / 2,
-             "ttft_p90_ms": ttft, "ttft_ms_all": [ttft]}
+             "ttft_p90_ms": ttft, "ttft_ms_all": [0.5 * ttft, 0.8 * ttft, ttft, 1.02 * ttft]}
             for mode in ch05.MODES for c, tps, ttft in zip((1, 2, 4, 8), throughputs, ttfts, strict=True)]
     return ch05.ConcurrencySweep(pd.DataFrame(rows))
 

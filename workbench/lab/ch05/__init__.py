@@ -24,5 +24,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "alternating_families": "claims", "cache_aware_hit_rates": "claims",
     "ModesLab": "panels", "ConcurrencySweepLab": "panels",
     "VarianceLab": "panels_scheduling", "BatchCapacityLab": "panels_scheduling", "PriorityLab": "panels_scheduling",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "seed_batch_feasibility": "claims", "wait_reading": "claims",
+    "padding_reading": "claims", "seed_claims": "seed", "closing_table": "ending",
 })

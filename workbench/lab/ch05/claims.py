@@ -27,6 +27,8 @@ import torch
 from workbench.bench.drive import drive
 from workbench.cache.sizing import block_budget, weight_bytes
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.kit.evidence import TIMING_FLOOR, Evidence
+from workbench.lab.kit.feasibility import check, smallest_feasible
 from workbench.models import model_spec
 from workbench.workloads import WorkloadRequest
 
@@ -48,6 +50,48 @@ def dynamic_wait_effect(make_engine: Callable[[float], LLMEngine], workload: lis
         rows.append({"max_wait_ms": wait * 1e3, "batches": len(sizes), "mean_batch": float(sizes.mean()),
                      "queue_p50_ms": float(run.requests["queue_s"].median() * 1e3),
                      "ttft_p50_ms": run.summary["ttft_median_ms"], "output_tok_s": run.summary["output_throughput"]})
+    return pd.DataFrame(rows)
+
+
+def wait_reading(waits: pd.DataFrame) -> str:
+    """What a real dynamic-batching wait bought and cost, read from ``dynamic_wait_effect`` against the timing
+    noise of one run each (``TIMING_FLOOR``)."""
+    none, wait = waits.iloc[0], waits.iloc[-1]
+
+    def change(column: str) -> str:
+        ratio = wait[column] / none[column]
+        inside = abs(ratio - 1) <= TIMING_FLOOR
+        return f"{none[column]:.0f} → {wait[column]:.0f} ({ratio - 1:+.0%}{', within the noise' if inside else ''})"
+
+    return (f"a {wait['max_wait_ms']:.0f} ms wait started {wait['batches']:.0f} batches of {wait['mean_batch']:.1f} "
+            f"requests instead of {none['batches']:.0f} of {none['mean_batch']:.1f}; TTFT p50 "
+            f"{change('ttft_p50_ms')} ms, throughput {change('output_tok_s')} tokens/s (one run each, ±"
+            f"{TIMING_FLOOR:.0%} is this machine's run-to-run noise)")
+
+
+def padding_reading(share: float, seed_range: tuple[float, float] = (0.5, 0.7)) -> str:
+    """Where a padding share falls against the seed's 50-70%."""
+    low, high = seed_range
+    where = "inside" if low <= share <= high else ("below" if share < low else "above")
+    return f"{share:.0%} of the padded slots are padding ({where} the seed's {low:.0%}–{high:.0%})"
+
+
+def seed_batch_feasibility(model: str = "llama-3-70b", device: str = "A100 80GB",
+                           batches: tuple[int, ...] = (64, 256),
+                           contexts: tuple[int, ...] = (1024, 4096)) -> pd.DataFrame:
+    """The seed's "a 70B model on an A100 needs batches of 64-256", checked as a deployment
+    (`workbench.lab.kit.feasibility`): whether one GPU holds the weights and the batch's KV (bf16), and the
+    smallest tensor-parallel degree that does, with the floor of one decode step there."""
+    rows = []
+    for batch in batches:
+        for context in contexts:
+            one, fits = check(model, device, batch=batch, context=context), smallest_feasible(
+                model, device, batch=batch, context=context)
+            rows.append({"batch": batch, "context": context,
+                         f"on one {device}": "fits" if one.fits else f"needs TP >= {one.smallest_tp}",
+                         "smallest TP": fits.tp if fits.fits else None,
+                         "GiB per GPU there": (fits.weight_bytes_per_gpu + fits.kv_bytes_per_gpu) / GiB,
+                         "decode step floor (ms)": fits.decode_floor_ms})
     return pd.DataFrame(rows)
 
 
@@ -106,6 +150,25 @@ class PriorityRun:
         """Interactive TTFT p50 under FCFS over the same under priority."""
         return self.cell("fcfs", "interactive", "ttft_p50_ms") / self.cell("priority", "interactive", "ttft_p50_ms")
 
+    def interactive_evidence(self) -> Evidence:
+        """FCFS over priority interactive TTFT p50, resampled over the few interactive requests."""
+        t = self.frame.set_index(["policy", "class"])["ttft_ms_all"]
+        return Evidence.bootstrap("interactive TTFT p50, FCFS / priority", t[("fcfs", "interactive")],
+                                  t[("priority", "interactive")])
+
+    def reading(self) -> str:
+        """What priority did for the interactive requests, said only as far as the evidence carries."""
+        e = self.interactive_evidence()
+        fcfs, prio = self.cell("fcfs", "interactive", "ttft_p50_ms"), self.cell("priority", "interactive",
+                                                                                 "ttft_p50_ms")
+        if not e.resolved:
+            return (f"interactive TTFT p50 {fcfs:.0f} ms under FCFS, {prio:.0f} ms under priority: within the noise "
+                    f"(n = {e.n_label}, margin ±{e.margin:.2f}x around {e.effect:.2f}x), so priority changed nothing "
+                    "measurable here: with little queue there is little to reorder")
+        return (f"interactive TTFT p50 {fcfs:.0f} ms under FCFS, {prio:.0f} ms under priority: "
+                f"{'faster' if e.holds else 'slower'} with priority ({e.effect:.2f}x, margin ±{e.margin:.2f}x, "
+                f"n = {e.n_label})")
+
 
 def priority_run(make_engine: Callable[[str], LLMEngine], workload: list[WorkloadRequest], *,
                  rate: float | None = None, seed: int = 0) -> PriorityRun:
@@ -118,7 +181,8 @@ def priority_run(make_engine: Callable[[str], LLMEngine], workload: list[Workloa
                          "ttft_p50_ms": float(group["ttft_s"].median() * 1e3),
                          "ttft_max_ms": float(group["ttft_s"].max() * 1e3),
                          "queue_p50_ms": float(group["queue_s"].median() * 1e3),
-                         "preemptions": int(group["preemptions"].sum())})
+                         "preemptions": int(group["preemptions"].sum()),
+                         "ttft_ms_all": (group["ttft_s"] * 1e3).tolist()})
     return PriorityRun(pd.DataFrame(rows))
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from workbench.cache.sizing import max_concurrency
 from workbench.lab.ch05.claims import block_waste
 from workbench.lab.ch05.runs import BatchCapacity, ConcurrencySweep, VarianceEffect, padding_waste
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 
 # The exercise's static batch: output lengths of eight requests, one long one among short ones.
@@ -49,6 +51,14 @@ def exercises(sweep: ConcurrencySweep) -> dict[str, Exercise]:
     }
 
 
+def _ttfts(row: pd.Series) -> list[float]:
+    return list(row["ttft_ms_all"]) if isinstance(row.get("ttft_ms_all"), list) else [float(row["ttft_p90_ms"])]
+
+
+def _p90(values: np.ndarray) -> float:
+    return float(np.quantile(values, 0.9))
+
+
 def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: BatchCapacity,
                   hits: pd.DataFrame) -> ClosingTable:
     """The course's five key takeaways, each with what this notebook measured and a verdict computed from it."""
@@ -58,38 +68,48 @@ def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: B
     first, last = capacity.row(0), capacity.row(-1)
     fcfs, aware = float(hits.loc["FCFS", "hit_rate"]), float(hits.loc["cache-aware", "hit_rate"])
     knees, k = sweep.knees(), sweep.knee("continuous")
-    more_users = high["output_tok_s"] > low["output_tok_s"]
-    longer_waits = high["ttft_p90_ms"] > low["ttft_p90_ms"]
+    caps = {c.name: c.value for c in sweep.mode_caps("continuous")}
     rows = [
-        Takeaway(
+        Takeaway.judged(
             "Batching raises utilization, but larger batches mean longer waits.",
             f"continuous batching, {int(low['concurrency'])} -> {int(high['concurrency'])} users: "
             f"{low['output_tok_s']:.0f} -> {high['output_tok_s']:.0f} output tok/s, TTFT p90 "
             f"{low['ttft_p90_ms']:.0f} -> {high['ttft_p90_ms']:.0f} ms ({sweep.requests} requests per run)",
-            Verdict.judge(bool(more_users and longer_waits)),
-            note="" if more_users and longer_waits else
-            ("throughput did not rise with the batch here" if not more_users else "TTFT did not grow with the batch")),
-        Takeaway(
+            [Evidence.repeats(f"output tok/s, {int(high['concurrency'])} / {int(low['concurrency'])} users",
+                              [high["output_tok_s"]], [low["output_tok_s"]], n_label="run of each", settings=caps),
+             Evidence.bootstrap(f"TTFT p90, {int(high['concurrency'])} / {int(low['concurrency'])} users",
+                                _ttfts(high), _ttfts(low), stat=_p90)],
+            wrong_note="throughput did not rise with the batch, or TTFT did not grow with it, here"),
+        Takeaway.judged(
             "Continuous batching removes static batching's structural waste.",
             f"static / continuous engine steps: {steps['fixed']:.2f}x with equal output lengths, "
             f"{steps['log-uniform']:.2f}x with log-uniform ones (throughput {ratios['fixed']:.2f}x, "
             f"{ratios['log-uniform']:.2f}x)",
             # Engine steps are the waste itself, free of a shared machine's clock noise.
-            Verdict.judge(bool(steps["log-uniform"] > 1.1), caveat=bool(steps["fixed"] < 1.1)),
-            note="the waste is padding to the batch's longest member: it exists only when output lengths differ; "
-                 "with equal lengths the two modes take the same steps"),
-        Takeaway(
+            Evidence.exact("engine steps, static / continuous, log-uniform lengths", float(steps["log-uniform"]), 1.0,
+                           n=variance.requests, n_label=f"{variance.requests} requests (step counts)"),
+            caveat=bool(steps["fixed"] < 1.1),
+            caveat_note="the waste is padding to the batch's longest member: it exists only when output lengths "
+                        "differ; with equal lengths the two modes take the same steps",
+            wrong_note="continuous batching took no fewer steps than static with unequal output lengths"),
+        Takeaway.judged(
             "KV cache size bounds the batch: max_num_seqs is capped by the blocks.",
             f"{first['num_blocks']} blocks: peak batch {first['peak_batch']} of max_num_seqs "
             f"{first['max_num_seqs']}; {last['num_blocks']} blocks: {last['peak_batch']}",
-            Verdict.judge(capacity.bounded),
-            note="" if capacity.bounded else "the smallest pool did not hold the batch below max_num_seqs"),
-        Takeaway(
+            [Evidence.exact("peak batch on the smallest pool / max_num_seqs",
+                            first["peak_batch"] / first["max_num_seqs"], 1.0, expect="below", n_label="step counts",
+                            settings={"max_num_seqs": first["max_num_seqs"]}),
+             Evidence.exact("peak batch, largest / smallest pool", last["peak_batch"] / first["peak_batch"], 1.0,
+                            n_label="step counts")],
+            wrong_note="the smallest pool did not hold the batch below max_num_seqs"),
+        Takeaway.judged(
             "Cache-aware scheduling raises cache hit rates.",
             f"one engine (not a fleet): hit rate {fcfs:.0%} FCFS -> {aware:.0%} cache-aware admission",
-            Verdict.judge(aware > fcfs, caveat=True),
-            note="measured on one engine's queue with a workload built for it (two prefix families, a pool that "
-                 "holds one); the course's fleet-level routing is not measured here"),
+            Evidence.exact("hit rate, cache-aware minus FCFS", aware - fcfs, 0.0, n_label="token counts", unit="pts"),
+            caveat=True,
+            caveat_note="measured on one engine's queue with a workload built for it (two prefix families, a pool "
+                        "that holds one); the course's fleet-level routing is chapter 9's",
+            wrong_note="cache-aware admission did not raise the hit rate here"),
         frontier_takeaway(sweep, knees, k),
     ]
     return ClosingTable(rows)
@@ -99,21 +119,27 @@ def frontier_takeaway(sweep: ConcurrencySweep, knees: pd.DataFrame, k: pd.Series
     claim = "Know where you sit on the throughput-latency frontier."
     others = "; ".join(f"{m} {int(r['concurrency'])}" if r["reached"] else f"{m} none"
                        for m, r in knees.iterrows() if m != "continuous")
+    limit = sweep.knee_limit("continuous")
     if k is None:
         last = knees.loc["continuous", "last_gain"]
         return Takeaway(claim, f"continuous throughput still grew {last:.0%} at the sweep's last step "
                                f"({sweep.concurrencies[-1]} users); knees of the other modes: {others}",
                         Verdict.NOT_MEASURABLE,
-                        note="the sweep stopped before saturation, so there is no knee to sit beside: sweep further")
+                        note="the sweep stopped before saturation, so there is no knee to sit beside: sweep further",
+                        evidence=(Evidence.absent("a knee inside the sweep"),))
     cont = sweep.curve("continuous")
     top = cont.iloc[-1]
     past_gain = top["output_tok_s"] / k["output_tok_s"] - 1
     ttft_growth = top["ttft_p90_ms"] / k["ttft_p90_ms"]
-    return Takeaway(
+    return Takeaway.judged(
         claim,
         f"continuous knee at {int(k['concurrency'])} users ({k['output_tok_s']:.0f} tok/s, TTFT p90 "
         f"{k['ttft_p90_ms']:.0f} ms); from there to {int(top['concurrency'])} users throughput changed "
-        f"{past_gain:+.0%} while TTFT p90 grew {ttft_growth:.1f}x; knees of the other modes (users): {others}",
-        Verdict.judge(bool(k["concurrency"] < top["concurrency"] and ttft_growth > 1 + sweep.gain)),
-        note="past the knee more users only queue: the frontier's useful end is where its throughput flattens"
-        if ttft_growth > 1 + sweep.gain else "TTFT did not grow past the knee in this sweep")
+        f"{past_gain:+.0%} while TTFT p90 grew {ttft_growth:.1f}x; knees of the other modes (users): {others}; "
+        f"{limit.sentence()}",
+        Evidence.bootstrap(f"TTFT p90 past the knee, {int(top['concurrency'])} / {int(k['concurrency'])} users",
+                           _ttfts(top), _ttfts(k), stat=_p90,
+                           settings={c.name: c.value for c in limit.caps}),
+        caveat=limit.set_by_cap,
+        caveat_note=f"the knee here is the configuration's, not the hardware's: {limit.sentence()}",
+        wrong_note="TTFT did not grow past the knee in this sweep")

@@ -108,11 +108,11 @@ class PriorityLab(EnginePanel):
             fig.update_layout(barmode="group", yaxis_title="TTFT p50 (ms)")
             style(fig, "Priorities under overload: interactive vs batch requests", self.subtitle, height=380)
         cell = result.cell
-        self.status.value = (f"Interactive TTFT p50: FCFS {cell('fcfs', 'interactive', 'ttft_p50_ms'):.0f} ms, "
-                             f"priority {cell('priority', 'interactive', 'ttft_p50_ms'):.0f} ms; batch requests "
+        reading = result.reading()
+        self.status.value = (f"{reading[0].upper()}{reading[1:]}; batch requests "
                              f"{cell('fcfs', 'batch', 'ttft_p50_ms'):.0f} -> "
                              f"{cell('priority', 'batch', 'ttft_p50_ms'):.0f} ms, preempted "
                              f"{cell('priority', 'batch', 'preemptions'):.0f} times under priority.")
 
     def stored_tables(self):
-        return [("by policy and class", self.result.frame.round(1))]
+        return [("by policy and class", self.result.frame.drop(columns="ttft_ms_all").round(1))]

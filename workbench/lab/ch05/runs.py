@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,7 @@ import pandas as pd
 from workbench.bench.drive import MODES, LoadRun, drive
 from workbench.bench.synthetic import random_requests
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.kit.caps import Cap, Limit
 from workbench.progress import ProgressFn, no_progress
 from workbench.workloads import WorkloadRequest
 
@@ -80,6 +81,7 @@ class ConcurrencySweep:
 
     frame: pd.DataFrame  # mode, concurrency, output_tok_s, ttft_p50/p90/max_ms, ..., ttft_ms_all
     gain: float = 0.10
+    caps: dict[str, tuple[Cap, ...]] = field(default_factory=dict)  # per mode, the limits its engine ran under
 
     @property
     def modes(self) -> list[str]:
@@ -115,6 +117,20 @@ class ConcurrencySweep:
             rows.append(row)
         return pd.DataFrame(rows).set_index("mode")
 
+    def mode_caps(self, mode: str) -> tuple[Cap, ...]:
+        """The caps a mode's runs were configured with, and the sweep's last level (a cap on any knee too)."""
+        return (*self.caps.get(mode, ()), Cap("the sweep's last level (users)", self.concurrencies[-1]))
+
+    def knee_limit(self, mode: str) -> Limit:
+        """The mode's knee checked against its caps: a knee at or past a cap is the configuration's."""
+        k = self.knee(mode)
+        return Limit(f"{mode} batching's knee", math.nan if k is None else float(k["concurrency"]), "users",
+                     self.mode_caps(mode))
+
+    def knee_sentence(self) -> str:
+        """Every mode's knee, with what sets it (a cap, or the hardware and workload below every cap)."""
+        return "; ".join(self.knee_limit(mode).sentence() for mode in self.modes)
+
     def good_share(self, ttft_slo_ms: float) -> pd.Series:
         """Share of requests within the TTFT SLO, per row, from the per-request TTFTs each run kept."""
         return self.frame["ttft_ms_all"].map(lambda v: float(np.mean(np.asarray(v) <= ttft_slo_ms)))
@@ -126,20 +142,34 @@ class ConcurrencySweep:
                 for m, g in good.groupby("mode")}
 
 
+def engine_caps(engine: LLMEngine | str, mode: str) -> tuple[Cap, ...]:
+    """The batch caps a local engine runs ``mode`` under (a URL's are unknown here: none)."""
+    if isinstance(engine, str):
+        return ()
+    config = engine.scheduler_config
+    caps = [Cap("max_num_seqs", config.max_num_seqs)]
+    if mode == "dynamic":
+        caps.append(Cap("dynamic_batch_size", config.dynamic_batch_size))
+    return tuple(caps)
+
+
 def concurrency_sweep(make_target: Callable[[str], LLMEngine | str], workload: list[WorkloadRequest],
                       modes: tuple[str, ...], concurrencies: tuple[int, ...], *, gain: float = 0.10,
                       progress: ProgressFn = no_progress) -> ConcurrencySweep:
-    """Closed-loop runs of ``workload`` for every (mode, concurrency): one row each (throughput, percentiles)."""
-    rows, total = [], len(modes) * len(concurrencies)
+    """Closed-loop runs of ``workload`` for every (mode, concurrency): one row each (throughput, percentiles),
+    and the caps each mode's engine ran under."""
+    rows, total, caps = [], len(modes) * len(concurrencies), {}
     for mode in modes:
         for users in concurrencies:
             progress(len(rows), total, f"{mode}, {users} users")
-            run = drive(make_target(mode), workload, concurrency=users)
+            target = make_target(mode)
+            caps[mode] = engine_caps(target, mode)
+            run = drive(target, workload, concurrency=users)
             # Per-request TTFTs kept so the SLO can be re-read without re-running.
             rows.append({**summary_row(run, mode=mode, concurrency=users),
                          "ttft_ms_all": (run.requests["ttft_s"] * 1e3).tolist()})
     progress(total, total, "done")
-    return ConcurrencySweep(pd.DataFrame(rows), gain)
+    return ConcurrencySweep(pd.DataFrame(rows), gain, caps)
 
 
 # ------------------------------------------------------------------------------------------ variance
