@@ -18,6 +18,7 @@ import torch
 
 from workbench.lab import ch06
 from workbench.lab.ch06.activations import VARIANTS
+from workbench.lab.ch06.capacity_run import MemoryLimitedRun
 from workbench.lab.kit.closing import ClosingTable, Verdict
 from workbench.lab.kit.figures import trace
 from workbench.models import model_spec
@@ -160,12 +161,35 @@ def test_sweep_round_trips_through_its_file_and_says_what_a_quantized_cache_cost
     assert trace(lab.figure, "int8 linears").y is not None
 
 
+@pytest.fixture(scope="module")
+def memory_run(tiny_model):
+    return ch06.memory_limited_run(tiny_model, None, requests=24, prompt_tokens=40, output_tokens=8)
+
+
+def _memory(peaks: tuple[int, int], speeds: tuple[float, float]) -> MemoryLimitedRun:
+    frame = pd.DataFrame({"kv_format": ["auto", "int8"], "num_blocks": [16, 60], "fit": [4, 15],
+                          "peak_batch": list(peaks), "mean_decode_batch": list(peaks), "preemptions": [0, 0],
+                          "output_tok_s": list(speeds)})
+    return MemoryLimitedRun(frame, 1 << 22, 64, 24)
+
+
+def test_the_memory_limited_run_is_bounded_by_the_pool_not_a_cap(memory_run):
+    """The run that tests "a smaller cache, a larger batch": every format's batch below max_num_seqs and the
+    requests offered, so the KV pool, not the configuration, sets it; the quantized cache fits more."""
+    for kv_format in memory_run.frame["kv_format"]:
+        assert not memory_run.limit(kv_format).set_by_cap, memory_run.sentence()
+    assert memory_run.row("int8")["fit"] > memory_run.row("auto")["fit"]
+    assert memory_run.row("int8")["peak_batch"] > memory_run.row("auto")["peak_batch"]
+    assert "the KV pool sets it" in memory_run.sentence()
+
+
 def test_closing_table_verdicts_are_computed_from_the_results(kv_lab, weight_lab, sweep_path):
     kv, weights, sweep = kv_lab.result, weight_lab.result, ch06.format_sweep(sweep_path)
-    table = ch06.closing_table(kv, weights, sweep, budget_gib=1.0)
+    table = ch06.closing_table(kv, weights, sweep, _memory((4, 15), (20.0, 30.0)), budget_gib=1.0)
     assert isinstance(table, ClosingTable) and len(table) == 5
     assert all(isinstance(v, Verdict) for v in table.verdicts)
     assert table.verdicts[0] in (Verdict.HOLDS, Verdict.CAVEAT) and table.verdicts[4] is Verdict.NOT_MEASURABLE
+    assert table.verdicts[3] is Verdict.NOT_MEASURABLE and "items" in table.rows[3].evidence_text
     assert "saves 50% against a 16-bit cache" in table.rows[2].measured
     assert "per token and head" in table.rows[2].measured and "static scales" in table.rows[2].measured
     cost = sweep.kv_speed_cost("fp8_e4m3")
@@ -176,8 +200,10 @@ def test_closing_table_verdicts_are_computed_from_the_results(kv_lab, weight_lab
     frame = kv.frame.copy()
     frame.loc["int8", "bytes_per_token"] = frame.loc["auto", "bytes_per_token"]
     frame.loc["fp8_e4m3", "bytes_per_token"] = kv.bytes_16bit
-    contradicted = ch06.closing_table(replace(kv, frame=frame), weights, sweep)
+    contradicted = ch06.closing_table(replace(kv, frame=frame), weights, sweep, _memory((4, 4), (20.0, 15.0)))
     assert contradicted.verdicts[0] is Verdict.WRONG and contradicted.verdicts[2] is Verdict.WRONG
+    noise = ch06.closing_table(kv, weights, sweep, _memory((4, 15), (20.0, 20.5)))
+    assert noise.verdicts[0] is Verdict.NOT_MEASURABLE and "within its noise" in noise.rows[0].note
 
 
 def test_seed_checks_and_exercises_compute_their_answers(kv_lab):
@@ -185,6 +211,7 @@ def test_seed_checks_and_exercises_compute_their_answers(kv_lab):
     assert "1.675" in checks.iloc[3]["computed / measured here"]
     assert "1.6%" in checks.iloc[0]["computed / measured here"]  # 2 bytes of scale per 128 one-byte values
     assert "per token and head" in checks.iloc[1]["computed / measured here"]
+    assert checks.iloc[1]["verdict"] == ch06.fp8_quality_reading(kv_lab.result)  # one reading, in both places
     ex = ch06.exercises()
     assert ex["int8_kv_bytes"].check(11_880).correct and not ex["int8_kv_bytes"].check(11_520).correct
     assert ex["bandwidth_ratio"].check(1.675).correct and not ex["bandwidth_ratio"].check(2.0).correct

@@ -24,7 +24,9 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "KVFormatLab": "panels", "WeightFormatLab": "panels",
     "ActivationLab": "panels_sweep", "FormatSweepLab": "panels_sweep",
     "H100_TBPS": "ending", "A100_TBPS": "ending", "seed_checks": "ending", "seed_hierarchy": "ending",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "fp8_quality_reading": "ending",
+    "MemoryLimitedRun": "capacity_run", "memory_limited_run": "capacity_run", "MemoryLimitedLab": "panels_capacity",
+    "seed_claims": "seed",
     "SWEEP_COMMAND": "workbench.quality.format_sweep", "SWEEP_PATH": "workbench.quality.format_sweep",
     "describe_cpu": "workbench.quality.format_sweep", "load_sweep": "workbench.quality.format_sweep",
 })

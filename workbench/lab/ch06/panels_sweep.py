@@ -47,8 +47,8 @@ class ActivationLab(LabPanel):
         self.status.value = (f"Layer {r.layer} {r.projection}: int8 weights alone err by {r.weights_only:.2%}; "
                              f"adding 7-bit per-tensor activations {r.per_tensor:.2%} "
                              f"({r.per_tensor / r.weights_only:.1f}×). The largest token's max |x| is "
-                             f"{s['token_max_over_median']:.0f}× the median token's (the first token: "
-                             f"{s['first_token_over_median']:.0f}×), the largest input channel "
+                             f"{s['token_max_over_median']:.0f}× the median token's (the first token's: "
+                             f"{s['first_token_over_median']:.2g}×), the largest input channel "
                              f"{s['channel_max_over_median']:.0f}× the median; the weight's rows only "
                              f"{s['weight_row_max_over_median']:.1f}×.")
 

@@ -22,6 +22,7 @@ import torch
 from workbench.cache.calibration import calibration_ids
 from workbench.cache.sizing import kv_bytes_per_token, max_concurrency, weight_bytes
 from workbench.lab.ch06.activations import VARIANTS, capture_inputs, rounding_errors, spread
+from workbench.lab.kit.baseline import Baseline
 from workbench.lab.kit.notebook import GiB, MiB
 from workbench.models.int8_linear import model_weight_bytes, quantize_model_weights
 from workbench.progress import ProgressFn, no_progress
@@ -34,6 +35,7 @@ from workbench.quality.format_sweep import (
     load_sweep,
 )
 from workbench.quality.teacher_forcing import compare_logits, logits_through_cache
+from workbench.timing import describe_machine
 from workbench_kernels.kv_quant import cache_shapes
 
 WEIGHT_NAMES = {"fp32": "fp32", "int8": "int8 linears", "int8_all": "int8 linears + LM head", "bf16": "bfloat16"}
@@ -158,6 +160,14 @@ class WeightFormats:
         frame = self.frame
         return float(frame.loc[name, "speedup_vs_fp32"]) if name in frame.index else None
 
+    def baseline(self, model) -> Baseline:
+        """Section 5's fp32 batch-1 decode, for the cross-chapter registry."""
+        return Baseline(chapter="ch06", machine=describe_machine(model.device),
+                        dtype=str(model.dtype).removeprefix("torch."),
+                        source="section 5's weight-format panel: fp32 weights and cache, batch-1 decode of 32 tokens "
+                               "(the best of two runs), one step = 1 / its tokens per second",
+                        decode_step_ms=1e3 / float(self.frame.loc["fp32", "decode_tokens_per_s"]))
+
 
 # ---------------------------------------------------------------------------------------------- activations
 @dataclass(frozen=True)
@@ -207,6 +217,11 @@ class FormatSweep:
         if weights == "auto":
             match = match[match.dtype == dtype]
         return match.iloc[0]
+
+    @property
+    def recall_items_per_length(self) -> int:
+        """Items behind each recall@N figure (the benchmark's --recall-per-length, 2 unless its meta says)."""
+        return int(self.meta.get("recall_per_length", 2))
 
     @property
     def recall_columns(self) -> list[str]:
