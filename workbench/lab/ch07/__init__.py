@@ -25,4 +25,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "KSweepLab": "panels_sweeps", "BatchLab": "panels_sweeps", "SamplingLab": "panels_sweeps",
     "TreeLab": "panels_trees",
     "exercises": "ending", "measured_alpha_exercise": "ending", "closing_table": "ending",
+    "physical_r": "runs", "seed_timeline_check": "runs", "gpu_batch_reading": "runs", "seed_claims": "seed",
+    "expected_tokens_per_pass": "workbench.spec.stats",
 })

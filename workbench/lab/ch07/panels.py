@@ -94,7 +94,10 @@ class ForwardCostLab(LabPanel):
         self.status.value = (
             f"One position takes <b>{curve.ms(1):.1f} ms</b> (the weights stream at {curve.bandwidth / 1e9:.1f} GB/s); "
             f"{k + 1} positions take {curve.ms(k + 1):.1f} ms, so verifying K={k} drafts costs "
-            f"<b>r = {curve.ratio(k + 1):.2f}</b> plain steps at batch 1. With {b} sequences: {b} → {b * (k + 1)} "
+            f"<b>r = {curve.ratio(k + 1):.2f}</b> plain steps at batch 1"
+            + (" (below 1 is the clock's noise: a wider forward cannot cost less, so the model takes r = 1)"
+               if curve.ratio(k + 1) < 1 else "")
+            + f". With {b} sequences: {b} → {b * (k + 1)} "
             f"positions, <b>r = {self.verify_ratio():.2f}</b>. The two ceilings meet near "
             f"{curve.ridge_positions:.0f} positions ({curve.flops_rate / 1e9:.0f} GFLOP/s at the largest forward).")
 

@@ -15,6 +15,7 @@ from workbench.lab.kit.panel import LabPanel
 
 MEASURED_YIELD, EXPECTED_YIELD, SPEEDUP = ("tokens per pass, measured", "tokens per pass, expected (independence "
                                            "model at the measured acceptance)", "speedup over plain decoding")
+BREAK_EVEN = "speedup 1.0× (as fast as plain decoding)"
 
 
 class TreeLab(LabPanel):
@@ -29,8 +30,10 @@ class TreeLab(LabPanel):
         fig.add_bar(name=EXPECTED_YIELD, marker_color="#98df8a")
         fig.add_scatter(name=SPEEDUP, mode="markers", marker={"symbol": "diamond", "size": 12, "color": "black"},
                         yaxis="y2")
+        fig.add_scatter(name=BREAK_EVEN, mode="lines", line={"color": "black", "dash": "dot", "width": 1}, yaxis="y2")
         fig.update_layout(barmode="group", yaxis={"title": "tokens per target pass", "rangemode": "tozero"},
-                          yaxis2={"title": "speedup", "overlaying": "y", "side": "right", "rangemode": "tozero"})
+                          yaxis2={"title": "speedup over plain decoding (×)", "overlaying": "y", "side": "right",
+                                  "rangemode": "tozero", "tickformat": ".1f", "dtick": 0.25})
         style(fig, "Chain vs token trees at the same verification budget", measured_on(model), height=380)
         self.figure = fig
         super().__init__([self.budget], [fig])
@@ -48,9 +51,11 @@ class TreeLab(LabPanel):
                       text=[f"{v:.2f}" for v in rows["tokens_per_pass"]])
             set_trace(self.figure, EXPECTED_YIELD, x=labels, y=rows["expected_tokens"])
             set_trace(self.figure, SPEEDUP, x=labels, y=rows["speedup"])
+            set_trace(self.figure, BREAK_EVEN, x=labels, y=[1.0] * len(labels))
         self.status.value = (
             f"{result.sentence()}. Most tokens per pass: <b>{result.best_tree}</b>, {result.gain():.2f}x the "
-            f"chain's; {'also' if result.faster_too else 'but not'} faster than the chain end to end here.")
+            f"chain's; {'also' if result.faster_too else 'but not'} faster than the chain end to end here. "
+            f"{result.yield_reading()}.")
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         return [("Per layout (r: a verifying forward over a plain decode step's; expected_from_probe: predicted "

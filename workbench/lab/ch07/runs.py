@@ -10,15 +10,21 @@ import math
 from dataclasses import dataclass, field
 
 import pandas as pd
+import torch
 
+from workbench.lab.kit.baseline import Baseline
+from workbench.lab.kit.feasibility import DEVICES, check, smallest_feasible
+from workbench.models import model_spec
+from workbench.roofline import count_step, decode_work
 from workbench.spec.experiments.compare import Comparison, compare
 from workbench.spec.experiments.forward_cost import ForwardCurve
 from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.spec.stats import SpecCounters, expected_draft_acceptance, expected_tokens_per_pass
 from workbench.spec.theory import break_even_alpha, pass_timeline, speedup
+from workbench.timing import describe_machine
 
 __all__ = ["PLAIN", "PROPOSERS", "TASKS", "AcceptanceRun", "BatchRun", "VLLM_NAMES", "acceptance_run", "batch_run",
-           "load_draft", "seed_arithmetic", "task_prompts", "vllm_counters"]
+           "load_draft", "physical_r", "seed_arithmetic", "seed_timeline_check", "task_prompts", "vllm_counters"]
 
 
 def load_draft(model):
@@ -28,8 +34,58 @@ def load_draft(model):
     return load(model)
 
 
-# The seed's worked example: a 150 ms target step, ~20 ms for the draft's 4 tokens, "90% acceptance".
+# The seed's worked example: a 150 ms target step, ~20 ms for the draft's 4 tokens, "90% acceptance"; a 70B
+# target on "an A100" drafted by an 8B model.
 SEED_TARGET_MS, SEED_DRAFT_MS, SEED_ALPHA, SEED_K = 150.0, 20.0, 0.9, 4
+SEED_TARGET, SEED_DRAFT, SEED_GPU = "llama-3-70b", "llama-3-8b", "A100 80GB"
+
+
+def physical_r(r: float) -> float:
+    """A measured verification cost r, floored at 1: a forward over K + 1 positions cannot cost less than over
+    one, so an r below 1 (0.96 once, here) is the clock's noise, and a break-even computed from it would be 0."""
+    return max(float(r), 1.0)
+
+
+def gpu_batch_reading(k: int = 4, device: str = "H100 SXM", model: str = "llama-3-8b", context: int = 64) -> str:
+    """Where verification stops being free on a GPU: the largest batch whose verifying forward (B × (K + 1)
+    positions) stays left of the device's bf16 ridge, counted from the config (no timing)."""
+    dev = DEVICES[device]
+    ridge = dev.bf16_flops / dev.bytes_per_s
+    spec = model_spec(model)
+
+    def intensity(rows: int) -> float:
+        return count_step(spec, decode_work(rows, context), dtype=torch.bfloat16).intensity
+
+    # Intensity grows with the rows but levels off where each sequence's own KV read dominates (at long contexts
+    # it may never reach the ridge): look for the first batch past the ridge, at most 1,024 sequences.
+    crossing = next((b for b in (2**i for i in range(11)) if intensity(b * (k + 1)) >= ridge), None)
+    where = (f"until a batch of {crossing // 2}-{crossing} sequences" if crossing else
+             "at every batch up to 1,024 sequences (each sequence's KV read keeps it left of the ridge)")
+    return (f"on an {device} (bf16 ridge {ridge:.0f} FLOP/byte) a {model} verifying K={k} drafts for 16 sequences "
+            f"feeds {16 * (k + 1)} positions at {intensity(16 * (k + 1)):.0f} FLOP/byte, still bandwidth-bound: "
+            f"verification stays nearly free {where} (context {context})")
+
+
+def seed_timeline_check() -> pd.DataFrame:
+    """The seed's timeline as a deployment (`workbench.lab.kit.feasibility`): where the 70B target fits, the
+    floors of its step and of four 8B drafts, and the seed's speedup recomputed at those floors."""
+    target = smallest_feasible(SEED_TARGET, SEED_GPU)
+    draft = smallest_feasible(SEED_DRAFT, SEED_GPU)
+    drafts_ms = SEED_K * draft.decode_floor_ms
+    alone = check(SEED_TARGET, SEED_GPU)
+    at_floors = pass_timeline(SEED_ALPHA, SEED_K, target_ms=target.decode_floor_ms, draft_ms_total=drafts_ms)
+    at_seed_step = pass_timeline(SEED_ALPHA, SEED_K, target_ms=SEED_TARGET_MS, draft_ms_total=drafts_ms)
+    rows = [
+        ("the 70B target on one A100 80GB", "(assumed)",
+         "fits" if alone.fits else f"does not fit: needs TP >= {alone.smallest_tp}"),
+        (f"the target step's floor (TP {target.tp})", f"{SEED_TARGET_MS:.0f} ms", f"{target.decode_floor_ms:.1f} ms"),
+        ("4 draft tokens of an 8B model (one A100)", f"~{SEED_DRAFT_MS:.0f} ms",
+         f"at least {drafts_ms:.1f} ms ({draft.decode_floor_ms:.1f} ms each): "
+         + ("below the floor" if drafts_ms > SEED_DRAFT_MS else "possible")),
+        ("speedup at α = 0.9 with the seed's 150 ms step and feasible drafts", "3.2x", f"{at_seed_step.speedup:.2f}x"),
+        ("speedup with both at their floors", "3.2x", f"{at_floors.speedup:.2f}x"),
+    ]
+    return pd.DataFrame(rows, columns=["claim", "seed", "computed here"])
 
 
 def seed_arithmetic() -> pd.DataFrame:
@@ -102,9 +158,10 @@ class AcceptanceRun:
         return float(self.summary.loc[proposer, "speedup"])
 
     def break_even(self, proposer: str) -> float:
-        """α below which this proposer, at this run's measured c and r, is slower than plain decoding."""
+        """α below which this proposer, at this run's measured c and r, is slower than plain decoding (r below 1
+        is taken as 1: a forward over more positions cannot cost less than over one; below 1 is timing noise)."""
         row = self.summary.loc[proposer]
-        return break_even_alpha(self.k, max(float(row["draft_cost_c"]), 0.0), float(row["verify_cost_r"]))
+        return break_even_alpha(self.k, max(float(row["draft_cost_c"]), 0.0), physical_r(row["verify_cost_r"]))
 
     @property
     def workload(self) -> str:
@@ -146,6 +203,16 @@ class BatchRun:
 
     def workload(self, batch: int) -> str:
         return f"{batch} {self.task} prompt(s) × {self.max_tokens} tokens, K={self.k}"
+
+    def baseline(self, model) -> Baseline:
+        """Plain decoding's step at batch 1 and 16 (engine, decode phase), for the cross-chapter registry."""
+        plain = self.frame[self.frame["method"] == PLAIN].set_index("batch")["decode_tokens_per_s"]
+        steps = {b: b / float(plain.loc[b]) * 1e3 for b in plain.index}
+        return Baseline(chapter="ch07", machine=describe_machine(model.device),
+                        dtype=str(model.dtype).removeprefix("torch."),
+                        source=f"section 7's batch panel: plain decoding of {self.task} prompts sent together, "
+                               f"{self.max_tokens} tokens each; a step = batch / decode-phase tokens per second",
+                        decode_step_ms=steps.get(1), decode_step_b16_ms=steps.get(16))
 
 
 def batch_run(model, tokenizer, draft, curve: ForwardCurve, *, task: str = "open chat", k: int = 4,

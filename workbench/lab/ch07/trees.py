@@ -14,6 +14,7 @@ import pandas as pd
 from workbench.config import CacheConfig, SchedulerConfig, SpecConfig
 from workbench.data import load_prompts
 from workbench.engine.llm_engine import LLMEngine
+from workbench.lab.kit.evidence import Evidence
 from workbench.spec.tree_compare import compare_layouts, layouts_at_budget
 
 COLUMNS = ["positions", "passes", "tokens_per_pass", "expected_tokens", "expected_from_probe", "alpha_depth1",
@@ -59,6 +60,24 @@ class TreeComparison:
         """The best-yield tree is also faster end to end than the chain (drafting and verifying included)."""
         return float(self.frame.loc[self.best_tree, "speedup"]) > float(self.frame.loc[self.chain, "speedup"])
 
+    def most_per_pass(self) -> dict[str, int]:
+        """The most tokens one target pass can yield per layout: its depth (longest accepted branch) plus the
+        target's own token. A chain of K is K deep; a tree of the same nodes spends them on width."""
+        return {label: depth_of(label, self.budget) + 1 for label in (self.chain, *self.trees)}
+
+    def yield_reading(self) -> str:
+        """The yield difference read against the pass counts' noise, and what the layouts can reach at most."""
+        tokens = self.num_prompts * self.max_tokens
+        best, chain = self.best_tree, self.chain
+        e = Evidence.rate_ratio("yield", tokens, int(self.frame.loc[best, "passes"]), tokens,
+                                int(self.frame.loc[chain, "passes"]))
+        ceiling = ", ".join(f"{label} {n}" for label, n in self.most_per_pass().items())
+        noise = (f"{e.effect:.2f}x is within the pass counts' noise (±{e.margin:.2f}x over {e.n_label})"
+                 if not e.resolved else f"{e.effect:.2f}x clears the pass counts' noise (±{e.margin:.2f}x)")
+        return (f"The best tree's yield over the chain's, {noise}. At most a pass can yield, with {self.budget} "
+                f"nodes: {ceiling} tokens, so the seed's '6-8 tokens per pass' for trees (4-5 for EAGLE-2) is out "
+                "of reach of this budget whatever the acceptance")
+
     def model_error(self) -> float:
         """Largest |measured − expected| tokens per pass over the speculative layouts (expected: the independence
         model at the acceptance each run measured)."""
@@ -71,6 +90,19 @@ class TreeComparison:
                  f"{self.frame.loc[label, 'speedup']:.2f}x" for label in (self.chain, *self.trees)]
         return (f"{self.budget} drafted nodes ({self.budget + 1} positions per pass), {self.num_prompts} held-out chat "
                 f"prompts × {self.max_tokens} tokens: " + "; ".join(parts))
+
+
+def depth_of(label: str, budget: int) -> int:
+    """A layout's depth from its label: chain K=k is k deep, static (a, b, ...) one level per entry, the dynamic
+    tree its stated depth."""
+    if label.startswith("chain"):
+        return int(label.split("K=")[1].split()[0])
+    if label.startswith("static"):
+        inside = label[label.index("(") + 1:label.index(")")]
+        return len([part for part in inside.split(",") if part.strip()])
+    if "depth" in label:
+        return int(label.split("depth")[1].split()[0])
+    return budget
 
 
 def engine_factory(model, tokenizer, draft):
