@@ -17,6 +17,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "RULE": "runs", "FAULTS": "runs", "dashboard_load": "runs", "DashboardRun": "runs", "run_dashboard": "runs",
     "CapacityFit": "runs", "capacity_fit": "runs", "seed_planning": "runs", "prefill_check": "runs",
     "TokenLatency": "latency", "token_latency": "latency", "PrefillCost": "latency", "prefill_cost": "latency",
+    "batch_check": "latency", "tail_plan": "ending", "seed_claims": "seed",
     "DashboardLab": "panels", "latency_figure": "panels", "show_latency": "panels",
     "ProfileLab": "panels_capacity", "CapacityPlanLab": "panels_capacity",
     "model_label": "workbench.lab.kit.notebook",

@@ -25,8 +25,10 @@ from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.lab.ch08.runs import CapacityFit, DashboardRun
 from workbench.lab.kit.baseline import Baseline
+from workbench.lab.kit.evidence import TIMING_FLOOR
 from workbench.lab.kit.notebook import dtype_name
 from workbench.progress import ProgressFn, no_progress
+from workbench.roofline.steps import measure_decode_steps
 from workbench.timing import describe_machine
 from workbench.workloads import prompt_of_length
 
@@ -69,6 +71,20 @@ class TokenLatency:
         """p99 ITL over p99 TPOT: how much of the tail averaging per request hides."""
         return self.itl_p99 / self.tpot_p99
 
+    def population_reading(self, q: float = 0.9) -> str:
+        """Why a TPOT percentile can sit above the ITL one: they are percentiles of two populations (requests and
+        gaps), read from this run. Each request's TPOT is at most its own longest gap; the quantiles are not
+        bound by that."""
+        tpot, itl = self.tpot_ms.quantile(q), self.itl_ms.quantile(q)
+        slow = float((self.tpot_ms > itl).mean())
+        long_gaps = float((self.itl_ms > itl).mean())
+        order = "above" if tpot > itl else "below"
+        return (f"p{q * 100:.0f} TPOT {tpot:.1f} ms is {order} p{q * 100:.0f} ITL {itl:.1f} ms: {slow:.0%} of the "
+                f"{len(self.tpot_ms)} requests average more than {itl:.1f} ms per token, while only {long_gaps:.0%} "
+                f"of the {len(self.itl_ms)} gaps are that long. The requests that decoded during the burst have "
+                "many long gaps each, so they fill the top of the per-request distribution, yet they own a small "
+                "share of all gaps")
+
 
 def token_latency(run: DashboardRun) -> TokenLatency:
     r = run.bench.requests
@@ -108,14 +124,20 @@ class PrefillCost:
         """The measured length nearest the fit's largest prefill chunk."""
         return min(self.frame.index, key=lambda n: abs(n - fit.largest_chunk))
 
-    def baseline(self) -> Baseline:
+    def rise_reading(self) -> str:
+        """How the per-token prefill cost changes with the prompt, read from the direct measurements."""
+        f = self.frame["ms_per_token"]
+        return (f"the direct cost per prompt token goes {' → '.join(f'{v:.2f}' for v in f)} ms at "
+                f"{' / '.join(f'{n:,}' for n in f.index)} tokens: attention's share of a prefill grows with its length")
+
+    def baseline(self, batch16_ms: float | None = None) -> Baseline:
         return Baseline(chapter="ch08", machine=self.machine, dtype=self.dtype,
                         source=f"section 5's prefill check: one request at a time through the engine, prefill "
                                f"unchunked, fastest of {self.repeats} runs per length after an uncounted warm-up; "
                                f"prefill = the {self.longest:,}-token prefill step / its tokens, decode = the "
                                "fastest batch-1 decode step, median over the prompt lengths",
                         decode_step_ms=self.decode_ms, prefill_ms_per_token=self.ms_per_token(),
-                        prefill_tokens=self.longest)
+                        prefill_tokens=self.longest, decode_step_b16_ms=batch16_ms)
 
 
 def _one_request(model, tokenizer, prompt: list[int], decode_steps: int) -> tuple[float, float]:
@@ -149,3 +171,30 @@ def prefill_cost(model, tokenizer, lengths: Sequence[int] = PREFILL_LENGTHS, *, 
     progress(len(lengths), len(lengths), "done")
     return PrefillCost(pd.DataFrame(rows).set_index("prompt_tokens"), describe_machine(model.device),
                        dtype_name(model.dtype), repeats)
+
+
+@dataclass(frozen=True)
+class BatchCheck:
+    """Pure decode steps measured at batch 1 and 16 (engine, short context) against the capacity fit's plan."""
+
+    measured_ms: dict[int, float]
+    context: int
+
+    def reading(self, fit: CapacityFit) -> str:
+        parts = [f"batch {b}: measured {ms:.1f} ms, the fit's plan {fit.costs.step_ms(0, b):.1f} ms"
+                 for b, ms in self.measured_ms.items()]
+        largest = max(self.measured_ms)
+        ratio = fit.costs.step_ms(0, largest) / self.measured_ms[largest]
+        if abs(ratio - 1) <= TIMING_FLOOR:
+            verdict = f"at batch {largest} the plan agrees with the measurement within the timing noise"
+        else:
+            verdict = (f"at batch {largest} the plan is {ratio:.2f}x the measurement: its per-decode term comes from "
+                       "mixed steps at contexts of 16-320 tokens with prefill chunks beside them, not from pure decode "
+                       "steps at a short context, so plan a batch's step from a direct measurement like this one")
+        return "; ".join(parts) + f" (pure decode at context {self.context}); {verdict}"
+
+
+def batch_check(model, batches: Sequence[int] = (1, 16), context: int = 64, steps: int = 4) -> BatchCheck:
+    """The median pure decode step at each batch (`workbench.roofline.measure_decode_steps`, warm-up included)."""
+    frame = measure_decode_steps(model, list(batches), [context], steps=steps)
+    return BatchCheck({int(r["batch"]): float(r["step_s"]) * 1e3 for _, r in frame.iterrows()}, context)

@@ -1,0 +1,40 @@
+"""Chapter 8's seed claims recomputed (`workbench.lab.kit.seed_claims`; the list is datasets/seed_claims/ch08.csv)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from workbench.lab.kit import seed_claims as kit
+from workbench.lab.kit.feasibility import check
+from workbench.monitoring.capacity import seed_estimate
+
+
+def _single_a100() -> str:
+    one = check("llama-3-70b", "A100 80GB")
+    return (f"its planning model times 'a single A100' serving a 70B model, which {one.label.split(': ', 1)[1]}: "
+            "each 'GPU' of its count is at least two")
+
+
+def _batch_64() -> str:
+    serial = seed_estimate()["ceil_result"]
+    shared = seed_estimate(decode_ms_per_token=150 / 64)["ceil_result"]
+    fewest, most = (seed_estimate(decode_ms_per_token=ms)["ceil_result"] for ms in (5, 10))
+    return (f"a 150 ms step shared by 64 sequences is {150 / 64:.2f} ms per token: {shared} GPUs against {serial} "
+            f"(the seed's '5-10 ms' gives {fewest}-{most}, and implies a step of 320-640 ms at batch 64)")
+
+
+def _itl_is_tpot() -> str:
+    return ("wrong: ITL is every gap between streamed chunks, TPOT a per-request average (section 3.4 sets them "
+            "side by side)")
+
+
+def _queue_50() -> str:
+    return "set aside: a threshold for a production fleet; the chapter's alert reads p99 TTFT against its baseline"
+
+
+CHECKS = {"single_a100": _single_a100, "batch_64": _batch_64, "itl_is_tpot": _itl_is_tpot, "queue_50": _queue_50}
+
+
+def seed_claims() -> pd.DataFrame:
+    """Every number and rule of the seed's chapter 8, with what this chapter finds for it."""
+    return kit.table("ch08", CHECKS)
