@@ -20,7 +20,7 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "outcome_table": "runs", "scrape_replicas": "runs", "router_metrics_source": "runs", "router_workers": "runs",
     "bench_through_router": "runs", "warm_up": "runs",
     "PolicyLab": "panels", "TenantsLab": "panels", "FailureLab": "panels",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "gain_reading": "ending", "ttft_evidence": "ending",
     "Fleet": "workbench.fleet.launcher", "tenant_prompt": "workbench.fleet.tenants",
     "router_version": "workbench.fleet.router", "leftover_processes": "runs",
 })

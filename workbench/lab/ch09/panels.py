@@ -136,14 +136,15 @@ class TenantsLab(LabPanel):
             style(hits, f"Tenants vs replicas: hit rate, {self.users.value} requests per tenant", self.subtitle)
         style(ttft, "Tenants vs replicas: TTFT p50", self.subtitle, height=360)
         last = sweep[sweep["tenants"] == sweep["tenants"].max()].set_index("policy")
-        self.status.value = (f"One replica's pool holds about {holds:.1f} tenants' prompts, the fleet's "
+        self.status.value = (f"One replica's pool holds about {holds:.1f} tenants' prompts while idle (running "
+                             "requests hold blocks too, so fewer while busy), the fleet's "
                              f"{holds * self.fleet.size:.1f}. At {int(sweep['tenants'].max())} tenants: "
                              + "; ".join(f"{p} {row['hit_rate']:.0%} hit, {row['misses_per_tenant']:.1f} misses "
                                          f"per tenant" for p, row in last.iterrows()) + ".")
 
     def stored_tables(self):
         columns = ["policy", "tenants", "n", "hit_rate", "misses_per_tenant", "ttft_p50_ms", "ttft_p90_ms",
-                   "req_per_s"]
+                   "req_per_s", "busiest_share"]
         return [("per policy and number of tenants", self.result[columns])]
 
 

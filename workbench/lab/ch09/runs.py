@@ -132,9 +132,11 @@ def tenant_sweep(fleet: Fleet, tenants: tuple[int, ...] = SWEEP_TENANTS, policie
             progress(i, len(points), f"{policy}, {count} tenants")
             done = run_policy(fleet, policy, tenants=count, users_per_tenant=users_per_tenant,
                               concurrency=concurrency, run=next_run())
+        ok = done.requests[done.requests["success"].astype(bool)]
         rows.append({**done.row(), "users_per_tenant": users_per_tenant,
                      "prompt_tokens": float(done.requests["prompt_tokens"].mean()),
-                     "misses_per_tenant": float(done.misses_per_tenant().mean())})
+                     "misses_per_tenant": float(done.misses_per_tenant().mean()),
+                     "ttft_ms_all": (ok["ttft_s"] * 1e3).tolist()})
     progress(len(points), len(points), "done")
     return pd.DataFrame(rows)
 
