@@ -79,6 +79,8 @@ def test_without_the_mode_the_harness_finds_other_logits(tiny):
     assert report.runs_with_other_logits > 0
     alone = report.runs[report.runs["others"] == 0]
     assert alone["first_logit_difference"].isna().all()
+    # The control: run 1 decodes alone but reads its prefix from the cache, so a cache hit alone changed nothing.
+    assert len(alone) == 2 and alone["cached_prompt_tokens"].max() > 0
     assert (report.runs["max_logit_gap"] < 1e-3).all()  # last-bit differences, not a broken path
 
 

@@ -126,6 +126,9 @@ def compare(reference: DecodeTrace, run: DecodeTrace) -> dict[str, object]:
             "first_logit_difference": logit_step, "max_logit_gap": max(before, default=0.0)}
 
 
+CONTROL_RUNS = 2
+
+
 def divergence_experiment(model, tokenizer, prompt_ids: list[int], *, runs: int = 20, max_tokens: int = 16,
                           max_others: int = 15, kv_cache_dtype: str = "auto", batch_invariant: bool = False,
                           chunk_tokens: int = 64, num_blocks: int | None = None, seed: int = 0,
@@ -144,7 +147,9 @@ def divergence_experiment(model, tokenizer, prompt_ids: list[int], *, runs: int 
     rows = []
     for i in range(runs):
         progress(i, runs, f"run {i + 1} of {runs}")
-        others = 0 if i == 0 else rng.randint(1, max_others) if max_others else 0
+        # Runs 0 and 1 decode alone: 0 from an empty cache, 1 reading its prefix from the cache (the control that
+        # tells a cache hit's effect from the traffic's); every later run shares its steps with 1-max_others others.
+        others = 0 if i < CONTROL_RUNS else rng.randint(1, max_others) if max_others else 0
         rows.append(compare(reference, decode_with_traffic(engine, prompt_ids, max_tokens, others, rng)))
     progress(runs, runs, "done")
     return DivergenceReport(batch_invariant, kv_cache_dtype, reference, pd.DataFrame(rows))

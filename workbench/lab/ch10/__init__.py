@@ -17,5 +17,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "cached_divergence": "runs", "cached_frame": "runs",
     "ProductsLab": "panels", "DivergenceLab": "panels", "ModeCostLab": "panels",
     "cached_divergence_figure": "panels", "show_figure": "workbench.lab.kit.stored",
-    "exercises": "ending", "closing_table": "ending",
+    "exercises": "ending", "closing_table": "ending", "control_reading": "ending",
 })

@@ -147,5 +147,8 @@ def cached_divergence_figure(frame: pd.DataFrame, result: dict) -> go.Figure:
                     marker_color=COLORS[mode])
     fig.update_layout(barmode="group", yaxis_title=f"distinct completions of {int(frame['runs'].max())} runs",
                       xaxis_title="KV format")
+    machine = result["machine"]
+    torch_version = f"torch {result['versions']['torch']}"
+    label = machine if torch_version in machine else f"{machine}, {torch_version}"
     return style(fig, f"The same greedy prompt, {int(frame['runs'].max())} times among varying traffic",
-                 f"{result['machine']}, {result['date']}, torch {result['versions']['torch']}")
+                 f"{label}, {result['date']}; one thread, so no thread races in these runs")
