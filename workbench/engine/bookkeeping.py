@@ -14,6 +14,8 @@ recorder keeps the timeline, the proposer forgets the sequence; aborts come thro
 4. tokens are appended and stop conditions checked; slots reserved for drafts that were not used go back;
 5. the proposer hears which positions are real now (with their target features, if it reads them).
 
+A multi-step decode (``ForwardResult.step_tokens``) commits like a verification whose every token is accepted.
+
 A sequence whose next token cannot be drawn (`workbench.sampling.SamplingError`: its logits hold NaN) finishes
 alone with ``FinishReason.ERROR`` (``fail``); every other sequence of the step is committed as if it were not there.
 """
@@ -61,6 +63,8 @@ class Bookkeeper:
         self.move_kv = move_kv
 
     def commit(self, result: ForwardResult, now: float) -> CommitResult:
+        if result.step_tokens is not None:
+            return self._commit_steps(result, now)
         due: list[tuple[Sequence, int]] = []  # (sequence, its logits row) for every token to sample
         verifying: list[ItemRows] = []
         for rows in result.items:
@@ -86,6 +90,20 @@ class Bookkeeper:
             self._release_unused_lookahead(rows.item.seq, rows.item.lookahead)
         self._tell_proposer(result, kept)
         return CommitResult(list(dict.fromkeys(touched)), sum(len(k) - 1 for k in kept.values()))
+
+    def _commit_steps(self, result: ForwardResult, now: float) -> CommitResult:
+        """A multi-step decode: each sequence fed its newest token and the first ``steps - 1`` tokens it chose, so
+        those have KV now, and all ``steps`` chosen tokens are appended as a verification's are (a stop on the
+        way ends it there; the slots after are released like unused lookahead)."""
+        with step_range("sample"):
+            columns = result.step_tokens.T.tolist()  # the group's one read-back
+        touched = []
+        for rows, emitted in zip(result.items, columns, strict=True):
+            seq = rows.item.seq
+            self._append_verified(seq, emitted, seq.num_computed_tokens + len(emitted), now)
+            self._release_unused_lookahead(seq, rows.item.lookahead)
+            touched.append(seq.request_id)
+        return CommitResult(touched, 0)
 
     def finish(self, seq: Sequence, reason: FinishReason, now: float) -> None:
         """The one way out for a sequence: stopped, out of length, aborted, or failed."""

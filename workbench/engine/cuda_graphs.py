@@ -126,10 +126,12 @@ class DecodeGraphs:
             self.capture(size)
 
     @torch.inference_mode()
-    def run(self, batch: PagedBatch) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    def run(self, batch: PagedBatch, input_ids: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Replay the bucket for ``batch`` (a pure decode batch, `can_run`; its tensors on the device or, better,
         in pinned host memory: `build_paged_batch(on_host=True)`); returns views of the first ``num_seqs`` rows of
-        hidden, tapped and logits, valid until the next replay."""
+        hidden, tapped and logits, valid until the next replay. ``input_ids``: the tokens to feed, already on the
+        device (a multi-step decode's previous step), instead of the batch's."""
         meta = batch.metadata
         n = meta.num_seqs
         size = self.bucket_for(n)
@@ -138,7 +140,7 @@ class DecodeGraphs:
         if n < size:
             captured.pad()
         # From pinned host memory (or the device) without waiting: a decode step's only wait is for its tokens.
-        captured.input_ids[:n].copy_(batch.input_ids, non_blocking=True)
+        captured.input_ids[:n].copy_(batch.input_ids if input_ids is None else input_ids, non_blocking=True)
         captured.positions[:n].copy_(batch.positions, non_blocking=True)
         captured.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
         captured.context_lens[:n].copy_(meta.context_lens, non_blocking=True)

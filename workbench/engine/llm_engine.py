@@ -192,7 +192,8 @@ class LLMEngine:
         result = self.runner.execute(out.scheduled, out.block_copies)  # the "prepare" and "forward" ranges
         with step_range("postprocess"):  # the "sample" and "verify" ranges nest inside
             committed = self.bookkeeper.commit(result, self.clock())
-            self._record_step(out, start, committed.num_accepted)
+            steps = 1 if result.step_tokens is None else result.step_tokens.shape[0]
+            self._record_step(out, start, committed.num_accepted, steps)
             outputs = [build_output(self.requests[rid]) for rid in committed.touched if rid in self.requests]
             for output in outputs:
                 if output.finished:
@@ -204,7 +205,7 @@ class LLMEngine:
         if self.proposer is None:
             return
         self.proposer.copy_blocks(out.block_copies)
-        items = [d for d in out.decodes if d.lookahead > 0]
+        items = [d for d in out.decodes if d.lookahead > 0 and not d.multi_step]
         if items and self.tree_shape is not None:
             trees = self.proposer.propose_tree([(d.seq, d.lookahead, d.seq.draft_depth) for d in items],
                                                self.tree_shape)
@@ -215,10 +216,12 @@ class LLMEngine:
             for item, (drafts, probs) in zip(items, proposals, strict=True):
                 item.set_drafts(drafts, probs)
 
-    def _record_step(self, out: SchedulerOutput, start: float, num_accepted: int) -> None:
+    def _record_step(self, out: SchedulerOutput, start: float, num_accepted: int, steps: int = 1) -> None:
+        """One record per engine step; a multi-step decode's ``steps`` forwards count their tokens together."""
         self.metrics.record_step(StepRecord(
             step=self._steps, start_time=start, duration_s=self.clock() - start,
-            num_prefill_tokens=sum(s.num_new_tokens for s in out.prefills), num_decode_tokens=len(out.decodes),
+            num_prefill_tokens=sum(s.num_new_tokens for s in out.prefills),
+            num_decode_tokens=steps * len(out.decodes),
             num_prefill_seqs=len(out.prefills), num_decode_seqs=len(out.decodes),
             num_waiting=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_free=self.blocks.num_free_blocks,

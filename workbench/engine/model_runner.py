@@ -21,7 +21,7 @@ from workbench.cache.grouped_attention import GroupedPagedAttention
 from workbench.cache.invariant_attention import BatchInvariantAttention
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
-from workbench.cache.paged_batch import BatchEntry, build_paged_batch, tree_entry
+from workbench.cache.paged_batch import BatchEntry, PagedBatch, build_paged_batch, tree_entry
 from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.scheduler import ScheduledSeq
 from workbench.metrics.step_ranges import step_range
@@ -59,6 +59,9 @@ class ForwardResult:
     features: torch.Tensor
     logits: torch.Tensor  # [num_logit_rows, vocab] float32
     items: list[ItemRows]  # one per scheduled sequence, in the order they were passed to ``execute``
+    # A multi-step decode (`ModelRunner.execute` with ``ScheduledSeq.multi_step``): [steps, num_seqs] greedy tokens,
+    # row i decoded from row i - 1 on the device; ``hidden``, ``features`` and ``logits`` are the last step's.
+    step_tokens: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -95,6 +98,9 @@ class ModelRunner:
                     entries.append(BatchEntry(seq.seq_id, start, tokens))
                 else:  # one node per slot from ``start`` on, at positions start + depth
                     entries.append(tree_entry(seq.seq_id, start, tokens, item.tree.parents))
+            steps = _decode_steps(scheduled)
+            if steps > 1:
+                return self._execute_steps(scheduled, entries, steps)
             # A batch a captured graph can replay stays in pinned host memory: the graph copies it into its own
             # buffers without the host waiting for the device (`workbench.engine.cuda_graphs`).
             graphable = self.graphs is not None and all(entry.is_decode for entry in entries)
@@ -112,25 +118,60 @@ class ModelRunner:
                 items.append(ItemRows(item, row, count, len(logit_rows), len(wanted)))
                 logit_rows += wanted
         with step_range("forward"):
-            if graphable and self.graphs.can_run(batch):
-                hidden, tapped, all_logits = self.graphs.run(batch)
-                # The graph's outputs are overwritten by its next replay: keep copies.
-                hidden, tapped = hidden.clone(), None if tapped is None else tapped.clone()
-                logits = take_rows(all_logits, logit_rows) if logit_rows else hidden.new_empty(0, 0)
-            else:
-                batch = batch.to(self.device)
-                if self.cache.layout is not None:  # KV groups (sliding windows): each group's tables and window
-                    attention = GroupedPagedAttention.for_batch(self.cache, self.blocks, entries, batch.metadata,
-                                                                self.model.attention_scale, self.device)
-                else:
-                    backend = BatchInvariantAttention if self.batch_invariant else PagedAttention
-                    attention = backend(self.cache, batch.metadata, self.model.attention_scale)
-                with row_invariant_products() if self.batch_invariant else nullcontext():
-                    hidden, tapped = self.model.forward_with_taps(batch.input_ids, batch.positions, attention,
-                                                                  self.taps)
-                    logits = (self.model.compute_logits(take_rows(hidden, logit_rows)) if logit_rows
-                              else hidden.new_empty(0, 0))
-        result = ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)
+            hidden, tapped, logits = self._forward(batch, entries, logit_rows, graphable)
+        return self._observed(ForwardResult(hidden, hidden if tapped is None else tapped, logits, items))
+
+    def _observed(self, result: ForwardResult) -> ForwardResult:
         for observe in self.observers:
             observe(result)
         return result
+
+    def _forward(self, batch: PagedBatch, entries: list[BatchEntry], logit_rows: list[int], graphable: bool,
+                 input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """One forward: a captured graph's replay when one can run the batch, else eager. ``input_ids``: token ids
+        already on the device, used instead of the batch's (a multi-step decode's previous tokens)."""
+        if graphable and self.graphs.can_run(batch):
+            hidden, tapped, all_logits = self.graphs.run(batch, input_ids=input_ids)
+            # The graph's outputs are overwritten by its next replay: keep copies.
+            hidden, tapped = hidden.clone(), None if tapped is None else tapped.clone()
+            logits = take_rows(all_logits, logit_rows) if logit_rows else hidden.new_empty(0, 0)
+            return hidden, tapped, logits
+        batch = batch.to(self.device)
+        ids = batch.input_ids if input_ids is None else input_ids
+        if self.cache.layout is not None:  # KV groups (sliding windows): each group's tables and window
+            attention = GroupedPagedAttention.for_batch(self.cache, self.blocks, entries, batch.metadata,
+                                                        self.model.attention_scale, self.device)
+        else:
+            backend = BatchInvariantAttention if self.batch_invariant else PagedAttention
+            attention = backend(self.cache, batch.metadata, self.model.attention_scale)
+        with row_invariant_products() if self.batch_invariant else nullcontext():
+            hidden, tapped = self.model.forward_with_taps(ids, batch.positions, attention, self.taps)
+            logits = (self.model.compute_logits(take_rows(hidden, logit_rows)) if logit_rows
+                      else hidden.new_empty(0, 0))
+        return hidden, tapped, logits
+
+    def _execute_steps(self, scheduled: list[ScheduledSeq], entries: list[BatchEntry], steps: int) -> ForwardResult:
+        """``steps`` greedy decode steps back to back: step i feeds the tokens step i - 1 chose, without their
+        values ever reaching the host; the caller reads all of them at once (``ForwardResult.step_tokens``).
+        Every slot was reserved by the scheduler (``ScheduledSeq.lookahead``)."""
+        graphable = self.graphs is not None
+        rows = list(range(len(entries)))
+        tokens = torch.empty(steps, len(entries), dtype=torch.int64, device=self.device)
+        for i in range(steps):
+            with step_range("prepare"):
+                step_entries = [BatchEntry(e.seq_id, e.start + i, e.tokens) for e in entries]
+                batch = build_paged_batch(self.blocks, step_entries, self.device, on_host=graphable)
+            with step_range("forward"):
+                hidden, tapped, logits = self._forward(batch, step_entries, rows, graphable,
+                                                       None if i == 0 else tokens[i - 1])
+                tokens[i] = logits.argmax(-1)
+        items = [ItemRows(item, row, 1, row, 1) for row, item in enumerate(scheduled)]
+        return self._observed(ForwardResult(hidden, hidden if tapped is None else tapped, logits, items, tokens))
+
+
+def _decode_steps(scheduled: list[ScheduledSeq]) -> int:
+    """Steps to decode back to back: 1 unless every scheduled sequence is a multi-step decode (then as many as the
+    one with the fewest reserved slots allows)."""
+    if not scheduled or not all(item.multi_step and item.num_new_tokens == 1 for item in scheduled):
+        return 1
+    return 1 + min(item.lookahead for item in scheduled)

@@ -3,7 +3,9 @@
 One step is one forward pass over a flat batch of at most ``max_num_batched_tokens`` tokens:
 
 1. running sequences first, decodes before unfinished prefills: each decode brings its one newest token, a
-   prefill its next chunk (chunked prefill), so a long prompt can never stall the decoders for a whole step;
+   prefill its next chunk (chunked prefill), so a long prompt can never stall the decoders for a whole step
+   (with ``num_scheduler_steps`` > 1 and only greedy decodes running, each decode reserves slots for that many
+   steps, which the runner decodes back to back);
 2. then waiting sequences are admitted, oldest first, while tokens, sequence slots and blocks last.
 
 Who is admitted and who is preempted first is the admission policy's call (`workbench.engine.admission_policy`:
@@ -43,6 +45,8 @@ class ScheduledSeq:
     drafts: list[int] = field(default_factory=list)  # filled by the engine's proposer before the forward
     draft_probs: torch.Tensor | None = None  # [len(drafts), vocab] distributions the drafts came from, or None
     tree: DraftTree | None = None  # when the drafts are a token tree's nodes (breadth first, after its root)
+    # Decode 1 + lookahead steps back to back on the device (SchedulerConfig.num_scheduler_steps), not drafts
+    multi_step: bool = False
 
     def set_drafts(self, drafts: list[int], probs: torch.Tensor | None) -> None:
         self.drafts = drafts[: self.lookahead]
@@ -135,20 +139,30 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: set[int] = set()
         order = [s for s in self.running if s.is_decoding] + [s for s in self.running if not s.is_decoding]
+        multi = self._multi_step()
         for seq in order:
             if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            lookahead = min(seq.lookahead, max(budget - 1, 0))
             n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit)
             if n == 0:
                 break
+            if multi:  # slots for the steps after this one; each step feeds one token, so no budget is charged
+                lookahead = min(self.config.num_scheduler_steps - 1, seq.num_remaining_tokens - 1)
+            else:
+                lookahead = min(seq.lookahead, max(budget - 1, 0))
             if not self._reserve_or_preempt(seq, n + lookahead, scheduled, out):
                 continue
             target = out.decodes if seq.is_decoding else out.prefills
-            target.append(ScheduledSeq(seq, n, lookahead))
+            target.append(ScheduledSeq(seq, n, lookahead, multi_step=multi))
             scheduled.add(seq.seq_id)
-            budget -= n + lookahead
+            budget -= n + (0 if multi else lookahead)
         return budget
+
+    def _multi_step(self) -> bool:
+        """Several decode steps this time: asked for, every running sequence decoding greedily, nobody waiting to
+        join (a group delays admission by its length) and no siblings waiting to fork."""
+        return (self.config.num_scheduler_steps > 1 and not self.waiting and not self._forks and bool(self.running)
+                and all(s.is_decoding and s.takes_multi_step for s in self.running))
 
     def _reserve_or_preempt(self, seq: Sequence, n: int, scheduled: set[int], out: SchedulerOutput) -> bool:
         """Reserve slots for ``n`` more tokens of ``seq``, preempting newer sequences while blocks lack."""

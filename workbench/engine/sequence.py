@@ -126,6 +126,12 @@ class Sequence:
         return self.spec_slots if self.spec_slots and depth else depth
 
     @property
+    def takes_multi_step(self) -> bool:
+        """Whether its next tokens may be decoded several steps at a time on the device (greedy, nothing that
+        reads each token on the host before the next: no penalties, min_tokens, logprobs or speculation)."""
+        return self.params.greedy and not self.params.one_token_per_step and self.spec_k == 0
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
