@@ -245,7 +245,7 @@ def test_engine_greedy_output_with_int8_weights_against_fp32(real_model, tokeniz
 
 
 def test_bad_weight_format_is_rejected_with_the_choices(capsys):
-    with pytest.raises(ValueError, match=r"'int3'.*\['auto', 'int8', 'int8_all'\]"):
+    with pytest.raises(ValueError, match=r"'int3'.*\['auto', 'int8', 'int8_all', 'q4_1', 'q8_0'\]"):
         workbench.load_model("smollm2-135m", weights="int3")
     with pytest.raises(SystemExit):
         cli_main(["info", "--weights", "int3"])

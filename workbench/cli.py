@@ -49,7 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     gen.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
-                     help="int8: linear layers in int8 with per-channel scales; int8_all: the LM head too")
+                     help="int8: linear layers in int8 with per-channel scales; int8_all: the LM head too; "
+                          "q4_1: the GGUF file's own 4-bit blocks (exact to the float32 weights); q8_0: Q8_0 "
+                          "blocks for every linear layer")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="keep generating past the end-of-sequence token (a fixed length, for timing)")
 
     info = sub.add_parser("info", help="device, dtype, model shape and KV bytes per token")
     info.add_argument("--model", default="smollm2-135m",
@@ -88,7 +92,7 @@ def _generate(args: argparse.Namespace) -> None:
     from workbench.models import load_model
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop))
+                            top_p=args.top_p, seed=args.seed, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
     if not args.prompt.strip():
         raise ValueError("prompt must be non-empty text")
     model, tokenizer = load_model(args.model, dtype=DTYPES[args.dtype], device=args.device, weights=args.weights)

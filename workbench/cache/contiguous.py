@@ -43,6 +43,15 @@ class _ContiguousAttention:
     def __init__(self, cache: ContiguousKVCache, slots: list[int], cached_lens: list[int], new_lens: list[int]):
         self.cache, self.slots, self.cached_lens, self.new_lens = cache, slots, cached_lens, new_lens
 
+    def decode_slot(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """For one sequence adding one token: its slot's key and value buffers ([layers, kv_heads, max_len,
+        head_dim] views) and the token's position, for a caller that writes and attends in one call of its own
+        (`workbench.models.gguf_layers`); None for any other forward."""
+        if len(self.slots) != 1 or self.new_lens[0] != 1:
+            return None
+        slot = self.slots[0]
+        return self.cache.k[:, slot], self.cache.v[:, slot], self.cached_lens[0]
+
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         outs, row = [], 0
         for slot, start, n in zip(self.slots, self.cached_lens, self.new_lens, strict=True):

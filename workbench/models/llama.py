@@ -12,7 +12,8 @@ On CUDA in 16-bit the same layer runs with fused kernels (``LlamaModel.fused_lay
 the norm after it in one launch, the rotation of q and k in place in the projection's output, SiLU and the
 product with ``up`` in one launch (`workbench_kernels.rms_norm`, ``rotary``, ``silu_mul``). They round every
 intermediate as the plain operations do; what they remove is launches, which is what a decode step of a small
-model costs on a GPU. Float32 and the CPU keep the plain operations, which are compared with transformers.
+model costs on a GPU. Float32 and the CPU keep the plain operations, which are compared with transformers,
+except a few-row step over GGUF block weights, whose layers run as two C++ calls each (`gguf_layers`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from workbench.config import ModelSpec
+from workbench.models import gguf_layers
 from workbench.models.attention import AttentionBackend
 from workbench.models.cpu_linear import Linear
 from workbench.models.rope import RotaryEmbedding, apply_rope
@@ -109,6 +111,8 @@ class LlamaModel(nn.Module):
         self.rope.to(self.embed_tokens.weight.device)
         if any(m.packed is not None for m in self.modules() if isinstance(m, Linear)):
             self.prepare()
+        if hasattr(self, "cpu_block_layers"):  # GGUF blocks: whether the C++ layer path applies is decided anew
+            self.cpu_block_layers = None
         return result
 
     def prepare(self, *, pack: bool = True) -> LlamaModel:
@@ -151,6 +155,8 @@ class LlamaModel(nn.Module):
         x = self.embed_tokens(input_ids)
         if self.runs_fused(x):
             return self._forward_fused(x, positions, attention, taps)
+        if gguf_layers.runs_here(self, x):  # GGUF blocks, a few rows, on the CPU: two C++ calls per layer
+            return gguf_layers.forward_layers(self, x, positions, attention, taps)
         cos, sin = self.rope.cos_sin(positions, x.dtype)
         tapped = []
         for i, layer in enumerate(self.layers):

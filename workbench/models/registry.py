@@ -147,14 +147,30 @@ def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32
     """The real model in the workbench's own forward pass, and its tokenizer.
 
     ``weights``: ``auto`` keeps every weight in ``dtype``; ``int8`` / ``int8_all`` store the linear layers in int8
-    (`workbench.models.int8_linear`)."""
+    (`workbench.models.int8_linear`); ``q4_1`` keeps the GGUF file's own blocks and ``q8_0`` Q8_0 blocks
+    (`workbench.models.gguf_linear`)."""
     check_weight_format(weights)
     device = resolve_device(device)
     path = _require_checkpoint(name)
     spec = model_spec(name)
     model = _empty_model(spec, dtype, device)
     load_safetensors_dir(model, path)
-    return quantize_model_weights(model, weights), load_tokenizer(name)
+    source = gguf_source(path, spec) if weights in ("q4_1", "q8_0") else None
+    return quantize_model_weights(model, weights, source), load_tokenizer(name)
+
+
+def gguf_source(checkpoint: Path, spec: ModelSpec):
+    """The blocks of the GGUF file the checkpoint was converted from (`workbench.models.gguf_file`); refuses a file
+    whose checksum differs from the one the conversion recorded, since its blocks would not be these weights."""
+    from workbench.models.convert import file_sha256, find_gguf
+    from workbench.models.gguf_file import GGUFBlocks
+
+    gguf = find_gguf()
+    recorded = json.loads((checkpoint / PROVENANCE_FILE).read_text()).get("source_sha256")
+    if recorded is not None and file_sha256(gguf) != recorded:
+        raise ModelNotFoundError(f"{gguf} is not the file {checkpoint} was converted from (sha256 differs); "
+                                 f"reconvert with `workbench fetch --force`")
+    return GGUFBlocks(gguf, spec)
 
 
 def load_reference_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
