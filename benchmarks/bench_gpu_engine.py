@@ -6,7 +6,9 @@ memory bandwidth over the weight bytes. A Llama-3-8B-shaped model in bf16 (rando
 depend on their values) shows how close the engine comes to that floor; a SmolLM2-135M-shaped one shows the
 opposite regime, where the weights are so few that launching kernels, not reading memory, sets the step time:
 CUDA graphs remove the launch cost on the host, the fused layer kernels (`workbench_kernels.rms_norm`,
-``rotary``, ``silu_mul``) remove launches from the graph. Each configuration runs side by side in one process.
+``rotary``, ``silu_mul``) remove launches from the graph, and groups of decode steps
+(``SchedulerConfig.num_scheduler_steps``) spread the host's work between steps over several steps. Each
+configuration runs side by side in one process.
 
 For the fastest configuration of each model at batch 1 it also reports the device's own time per step (the
 captured graph replayed back to back, no host work between) and a kernel census from the profiler: kernels
@@ -34,9 +36,10 @@ from workbench.engine.llm_engine import LLMEngine
 
 TINY = dict(num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
             vocab_size=512)
-# (graphs, fused) per batch size: batch 1 shows both effects, larger batches the best configuration against
-# graphs alone
-VARIANTS = {1: [(False, True), (True, False), (True, True)], "other": [(True, False), (True, True)]}
+# (graphs, fused, scheduler steps) per batch size: batch 1 shows each effect, larger batches the best
+# configuration against graphs alone and against one step per engine step
+VARIANTS = {1: [(False, True, 1), (True, False, 1), (True, True, 1), (True, True, 8)],
+            "other": [(True, False, 1), (True, True, 1), (True, True, 8)]}
 
 
 def copy_bandwidth_GBps() -> float | None:
@@ -62,12 +65,13 @@ def weight_bytes(model) -> int:
     return total
 
 
-def _engine(model, batch: int, prompt: int, new_tokens: int, graphs: bool) -> LLMEngine:
+def _engine(model, batch: int, prompt: int, new_tokens: int, graphs: bool, steps: int = 1) -> LLMEngine:
     blocks_per_seq = -(-(prompt + new_tokens + 16) // 16)
     return LLMEngine(model, None, cache_config=CacheConfig(num_blocks=batch * blocks_per_seq + 8, block_size=16,
                                                            enable_prefix_caching=False),
                      scheduler_config=SchedulerConfig(max_num_seqs=batch,
-                                                      max_num_batched_tokens=max(2048, batch * prompt)),
+                                                      max_num_batched_tokens=max(2048, batch * prompt),
+                                                      num_scheduler_steps=steps),
                      cuda_graphs=graphs)
 
 
@@ -76,9 +80,10 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def _decoding_engine(model, batch: int, prompt: int, new_tokens: int, graphs: bool, seed: int) -> LLMEngine:
+def _decoding_engine(model, batch: int, prompt: int, new_tokens: int, graphs: bool, seed: int,
+                     steps: int = 1) -> LLMEngine:
     """An engine after a warm-up (kernels compiled, the graph captured) with ``batch`` requests prefilled."""
-    engine = _engine(model, batch, prompt, new_tokens, graphs)
+    engine = _engine(model, batch, prompt, new_tokens, graphs, steps)
     gen = torch.Generator().manual_seed(seed)
     vocab = model.spec.vocab_size
     engine.generate([torch.randint(0, vocab, (prompt,), generator=gen).tolist() for _ in range(batch)],
@@ -92,24 +97,28 @@ def _decoding_engine(model, batch: int, prompt: int, new_tokens: int, graphs: bo
     return engine
 
 
-def decode_run(model, batch: int, prompt: int, new_tokens: int, graphs: bool, fused: bool, seed: int = 0) -> dict:
-    """Prefill ``batch`` random prompts, then time the decode steps until every sequence has ``new_tokens``."""
+def decode_run(model, batch: int, prompt: int, new_tokens: int, graphs: bool, fused: bool, seed: int = 0,
+               scheduler_steps: int = 1) -> dict:
+    """Prefill ``batch`` random prompts, then time the decode steps until every sequence has ``new_tokens``
+    (``ms_per_step`` is per token of each sequence: with groups of ``scheduler_steps``, per step of a group)."""
     model.fused_layer_ops = fused
-    engine = _decoding_engine(model, batch, prompt, new_tokens, graphs, seed)
+    engine = _decoding_engine(model, batch, prompt, new_tokens, graphs, seed, scheduler_steps)
     done_before = sum(s.num_output_tokens for r in engine.requests.values() for s in r.seqs)
-    steps, start = 0, time.perf_counter()
+    engine_steps, start = 0, time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
-        steps += 1
+        engine_steps += 1
     _sync()
     decode_s = time.perf_counter() - start
     decoded = batch * new_tokens - done_before
+    steps = decoded // batch
     graphs_used = engine.runner.graphs.captured_sizes if engine.runner.graphs is not None else []
     row = {"batch": batch, "cuda_graphs": graphs, "fused_layer_ops": fused and model.runs_fused(
-        torch.empty(0, device=model.device, dtype=model.dtype)), "graphs_captured": graphs_used,
-        "decode_steps": steps, "ms_per_step": round(1e3 * decode_s / steps, 3),
+        torch.empty(0, device=model.device, dtype=model.dtype)), "scheduler_steps": scheduler_steps,
+        "graphs_captured": graphs_used, "decode_steps": steps, "engine_steps": engine_steps,
+        "ms_per_step": round(1e3 * decode_s / steps, 3),
         "tokens_per_s": round(decoded / decode_s, 1), "tokens_per_s_per_seq": round(decoded / decode_s / batch, 1)}
-    if graphs_used:
+    if graphs_used and scheduler_steps == 1:
         row.update(graph_anatomy(engine, graphs_used[0]))
     del engine
     if torch.cuda.is_available():
@@ -176,13 +185,13 @@ def main() -> None:
         entry = {"model": model_name, "weight_GB": round(nbytes / 1e9, 3),
                  "roofline_tokens_per_s_batch1": None if floor is None else round(floor, 1), "runs": []}
         for batch in map(int, args.batches.split(",")):
-            for graphs, fused in VARIANTS.get(batch, VARIANTS["other"]):
-                row = decode_run(model, batch, args.prompt, args.new_tokens, graphs, fused)
+            for graphs, fused, steps in VARIANTS.get(batch, VARIANTS["other"]):
+                row = decode_run(model, batch, args.prompt, args.new_tokens, graphs, fused, scheduler_steps=steps)
                 entry["runs"].append(row)
                 extra = (f", replay {row['replay_ms']:.3f} ms, {row['kernels_per_step']:.0f} kernels/step"
                          if "replay_ms" in row else "")
                 print(f"{model_name:>14} batch {batch:>3} graphs {'on ' if graphs else 'off'} fused "
-                      f"{'on ' if row['fused_layer_ops'] else 'off'}: {row['ms_per_step']:8.3f} ms/step, "
+                      f"{'on ' if row['fused_layer_ops'] else 'off'} steps {steps}: {row['ms_per_step']:8.3f} ms/step, "
                       f"{row['tokens_per_s']:9.1f} tok/s{extra}", flush=True)
         result["models"].append(entry)
         del model

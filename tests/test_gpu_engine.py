@@ -172,6 +172,34 @@ def test_a_graphed_decode_step_waits_for_the_device_only_for_its_tokens():
     assert engine.runner.graphs.captured_sizes == [8]
 
 
+def test_multi_step_groups_replay_the_graph_and_give_the_same_tokens():
+    """num_scheduler_steps: the graph is replayed once per step of a group, each step fed the previous step's
+    tokens on the device; the tokens equal one step at a time, and a group reads tokens back once."""
+    import warnings
+
+    ours, _, spec = _pair("llama-3-8b", (8, 2))
+    prompts = _prompts(spec.vocab_size)
+    expected = _run(_engine(ours, graphs=True), prompts, 33)
+    engine = LLMEngine(ours, None, cache_config=CacheConfig(num_blocks=128, block_size=16),
+                       scheduler_config=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256,
+                                                        num_scheduler_steps=8))
+    assert _run(engine, prompts, 33) == expected
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in prompts:
+        engine.add_request(prompt, params, chat=False)
+    engine.step()  # the prefill: a group needs every sequence decoding
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    frame = engine.metrics.step_frame()
+    assert int(frame["num_decode_tokens"].iloc[-1]) == 8 * len(prompts)
+    assert len([w for w in caught if "synchroniz" in str(w.message)]) <= 1
+
+
 @pytest.fixture(scope="module")
 def real_cuda():
     from workbench.models.registry import checkpoint_dir
