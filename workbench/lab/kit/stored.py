@@ -139,7 +139,11 @@ def compact_png(image: bytes) -> bytes:
 
 
 def figure_bundle(fig: go.Figure, *, png: bool = True) -> dict[str, object]:
-    """The MIME bundle of one figure: plotly JSON, an HTML copy for the docs site, a PNG, and a text line."""
+    """The MIME bundle of one figure: plotly JSON, an HTML copy for the docs site, a PNG, and a text line; each
+    from the figure made readable (`workbench.lab.kit.figures.readable`: log ticks, unclipped labels, ...)."""
+    from workbench.lab.kit.figures import readable
+
+    fig = readable(fig)
     spec = json.loads(pio.to_json(fig, validate=False, remove_uids=True))
     bundle: dict[str, object] = {PLOTLY_MIME: spec}
     bundle["text/html"] = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"wb-fig-{next(_div_ids)}",
