@@ -84,6 +84,18 @@ def test_kernel_tiles_and_splits(device, dtype, block_size, knobs):
     _check_kernel(device, dtype, 9, 3, block_size=block_size, **knobs)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_short_contexts_in_a_wide_table_spread_over_the_splits(device):
+    """A CUDA graph's block table spans the model's whole context; each sequence divides its own few tiles among
+    the splits (one tile each here), and the splits past its last tile contribute nothing to the merge."""
+    query, kv, scale = _case(device, torch.float32, 9, 3, 64, 16)
+    wide = torch.cat([kv.block_tables, torch.zeros(kv.block_tables.shape[0], 40, dtype=kv.block_tables.dtype,
+                                                   device=kv.block_tables.device)], dim=1)
+    out = paged_decode_attention_triton(query, kv.key_cache, kv.value_cache, wide, kv.context_lens, scale,
+                                        tile_size=16, num_splits=12, out=poisoned_like(query))
+    assert_close(out, _expected(query, kv, scale), torch.float32)
+
+
 @pytest.mark.parametrize(("programs", "max_tiles", "expected"), [
     (96, 9, 2),  # 32 sequences x 3 KV heads, 512 keys: each split keeps >= 4 tiles
     (3, 512, 32),  # one long sequence: capped at MAX_SPLITS
