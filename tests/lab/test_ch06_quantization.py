@@ -44,7 +44,10 @@ def kv_lab(tiny_model, tokenizer):
 
 @pytest.fixture(scope="module")
 def weight_lab(tiny_model, tokenizer):
-    return ch06.WeightFormatLab(tiny_model, tokenizer, heldout_tokens=128, decode_tokens=4, repeats=1).run()
+    # peer=False: llama.cpp's line runs llama-bench where it is built (a third-party program); tested below with a
+    # stored run instead.
+    return ch06.WeightFormatLab(tiny_model, tokenizer, heldout_tokens=128, decode_tokens=4, repeats=1,
+                                peer=False).run()
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +127,31 @@ def test_weight_panel_keeps_fp32_as_the_baseline_and_measures_a_format_when_chos
     assert frame.loc["bf16", "weight_bytes_allocated"] == pytest.approx(frame.loc["fp32", "weight_bytes_allocated"] / 2,
                                                                         rel=0.01)
     assert list(trace(weight_lab.speed_fig, "batch-1 decode").y) == list(frame.decode_tokens_per_s)
+
+
+def test_weight_panel_measures_gguf_blocks_and_draws_llama_cpp_from_the_stored_run(tiny_model, tokenizer, tmp_path,
+                                                                                  monkeypatch):
+    from workbench import llamacpp
+    from workbench.cache.sizing import weight_bytes
+
+    stored = {"machine": "x86_64, Test CPU, 2 threads, AVX512", "threads": 2, "date": "2026-11-26",
+              "decode": {"llama.cpp": 123.4, "q4_1": 130.0}, "prefill": {"llama.cpp": 300.0, "q4_1": 700.0},
+              "decode_tokens": 64, "prompt_tokens": 512, "load_average": [0.1, 0.2]}
+    (tmp_path / "vs.json").write_text(json.dumps(stored))
+    monkeypatch.setattr(llamacpp, "RESULT_PATH", tmp_path / "vs.json")
+    monkeypatch.setattr(llamacpp, "llama_bench_path", lambda: tmp_path / "not-built")  # no live run here
+    lab = ch06.WeightFormatLab(tiny_model, tokenizer, weights="q4_1", heldout_tokens=64, decode_tokens=2,
+                               repeats=1).run()
+    frame = lab.frame
+    assert list(frame.index) == ["fp32", "q4_1"]
+    assert frame.loc["q4_1", "weight_bytes_allocated"] == weight_bytes(tiny_model.spec, torch.float32, "q4_1")
+    assert frame.loc["q4_1", "kl_mean"] > 0  # random float weights quantized to 4 bits: not the same model
+    assert list(trace(lab.speed_fig, "llama.cpp (same GGUF)").y) == [123.4, 123.4]
+    assert "llama.cpp on the same GGUF file: 123.4 tokens/s" in lab.status.value
+    assert "Test CPU" in lab.status.value and "compare with care" in lab.status.value
+    monkeypatch.setattr(llamacpp, "RESULT_PATH", tmp_path / "none.json")
+    assert ch06.WeightFormatLab(tiny_model, tokenizer, weights="q8_0", heldout_tokens=64, decode_tokens=2,
+                                repeats=1).run().result.peer is None
 
 
 def test_activation_panel_separates_weight_and_activation_rounding(tiny_model, tokenizer):

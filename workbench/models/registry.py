@@ -173,6 +173,23 @@ def gguf_source(checkpoint: Path, spec: ModelSpec):
     return GGUFBlocks(gguf, spec)
 
 
+def shipped_source(model: LlamaModel):
+    """The GGUF file's blocks (`gguf_source`) when ``model`` holds the real model's weights (one matrix compared,
+    in the model's dtype), else None: a GGUF format of a loaded model keeps the shipped blocks only if they are
+    its weights."""
+    from workbench.models.gguf_linear import GGUFLinear
+    from workbench_kernels.gguf_matmul import dequantize_blocks
+
+    real = next((r for r in REAL_MODELS.values() if r.config == model.spec.name), None)
+    layer = model.layers[0].o_proj
+    if real is None or isinstance(layer, GGUFLinear) or not (checkpoint_dir(real.name) / PROVENANCE_FILE).is_file():
+        return None
+    source = gguf_source(checkpoint_dir(real.name), model.spec)
+    fmt, blocks = source.layer_blocks(0, "o_proj")
+    shipped = dequantize_blocks(torch.from_numpy(blocks), fmt).to(layer.weight.dtype)
+    return source if torch.equal(shipped, layer.weight.detach().cpu()) else None
+
+
 def load_reference_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
                          device: torch.device | str | None = None):
     """The same real weights in transformers' ``LlamaForCausalLM``: the correctness and speed reference."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
+import torch
 
 from workbench.lab.ch06.runs import (
     WEIGHT_NAMES,
@@ -19,6 +20,7 @@ from workbench.lab.ch06.runs import (
     WeightFormats,
     heldout_slice,
     kv_formats,
+    llama_cpp_decode,
     weight_format_row,
 )
 from workbench.lab.kit.figures import set_trace, style
@@ -32,7 +34,7 @@ KV_NAMES = {"auto": "fp32 (no quantization)", "fp8_e4m3": "fp8 e4m3", "int8": "i
 SELECTED, OTHER = "#d62728", "#9ecae1"
 VALUES, SCALES, SEQUENCES, KL = ("K and V values", "scales stored beside them", "sequences at the budget",
                                  "KL(fp32 cache || this format)")
-DECODE, FORMATS = "batch-1 decode", "formats"
+DECODE, FORMATS, PEER = "batch-1 decode", "formats", "llama.cpp (same GGUF)"
 
 
 class KVFormatLab(LabPanel):
@@ -110,11 +112,14 @@ class KVFormatLab(LabPanel):
 
 class WeightFormatLab(LabPanel):
     """Batch-1 decode speed and quality (against the fp32 model, fp32 cache) of the chosen weight format, beside
-    the fp32 model's (`WeightFormats`); each format is measured the first time it is chosen."""
+    the fp32 model's (`WeightFormats`); each format is measured the first time it is chosen. llama.cpp's decode on
+    the same GGUF file is drawn as a line, measured now where ``llama-bench`` is built on this machine, else from
+    the stored side-by-side run with the machine it ran on (``peer=False`` leaves it out)."""
 
     def __init__(self, model, tokenizer, *, weights: str = "int8", heldout_tokens: int = 512,
-                 decode_tokens: int = 32, repeats: int = 2):
-        self.model, self.tokenizer = model, tokenizer
+                 decode_tokens: int = 32, repeats: int = 2, peer: bool = True):
+        self.model, self.tokenizer, self.with_peer = model, tokenizer, peer
+        self.peer = None
         self.decode_tokens, self.repeats, self.heldout_tokens = decode_tokens, repeats, heldout_tokens
         self.weights = widgets.Dropdown(options=[(v, k) for k, v in WEIGHT_NAMES.items()], value=weights,
                                         description="weights")
@@ -123,6 +128,7 @@ class WeightFormatLab(LabPanel):
         self.rows: dict[str, dict] = {}
         speed, quality = go.Figure(), go.Figure()
         speed.add_bar(name=DECODE)
+        speed.add_scatter(name=PEER, mode="lines", line={"dash": "dash", "color": "#333333"})
         speed.update_yaxes(title_text="decode tokens/s (batch 1, best of runs)")
         quality.add_scatter(mode="markers+text", textposition="top center", marker={"size": 14}, name=FORMATS)
         quality.update_xaxes(title_text="weight MiB (allocated)")
@@ -141,8 +147,11 @@ class WeightFormatLab(LabPanel):
                 self.rows[name] = weight_format_row(self.model, self.tokenizer, name, self.ids, self.reference,
                                                     decode_tokens=self.decode_tokens, repeats=self.repeats,
                                                     progress=self.progress)
+        if self.with_peer and self.peer is None:
+            self.progress(1, 2, "llama.cpp on the same GGUF file")
+            self.peer = llama_cpp_decode(self.decode_tokens, torch.get_num_threads())
         self.progress.finish(f"measured: {', '.join(self.rows)}")
-        return WeightFormats(tuple(self.rows.values()), len(self.ids))
+        return WeightFormats(tuple(self.rows.values()), len(self.ids), self.peer)
 
     @property
     def frame(self) -> pd.DataFrame:
@@ -157,11 +166,20 @@ class WeightFormatLab(LabPanel):
         with self.quality_fig.batch_update():
             set_trace(self.quality_fig, FORMATS, x=list(f.weight_bytes_allocated / MiB), y=list(f.top1_agreement),
                       text=[WEIGHT_NAMES[n] for n in f.index], marker_color=colors)
+        peer, names = self.result.peer, [WEIGHT_NAMES[n] for n in f.index]
+        with self.speed_fig.batch_update():
+            set_trace(self.speed_fig, PEER, x=names if peer else [], y=[peer.tokens_per_s] * len(names) if peer else [],
+                      hovertext=peer.label if peer else None)
         row = f.loc[chosen]
+        peer_text = "" if peer is None else (
+            f" llama.cpp on the same GGUF file: {peer.tokens_per_s:.1f} tokens/s ({peer.label}); this format "
+            f"{row.decode_tokens_per_s / peer.tokens_per_s:.2f}× of it"
+            + ("." if peer.live else " (not measured on this machine: compare with care)."))
         self.status.value = (f"<b>{WEIGHT_NAMES[chosen]}</b>: {row.weight_bytes_allocated / MiB:,.0f} MiB of weights "
                              f"({row.bytes_vs_fp32:.2f}× fp32), batch-1 decode {row.decode_tokens_per_s:.1f} tokens/s "
                              f"({row.speedup_vs_fp32:.2f}× fp32); against fp32 on {self.result.tokens} held-out "
-                             f"tokens: top-1 agreement {row.top1_agreement:.3f}, mean KL {row.kl_mean:.2e} nats.")
+                             f"tokens: top-1 agreement {row.top1_agreement:.3f}, mean KL {row.kl_mean:.2e} "
+                             f"nats.{peer_text}")
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         cols = ["weight_bytes_formula", "weight_bytes_allocated", "bytes_vs_fp32", "decode_tokens_per_s",

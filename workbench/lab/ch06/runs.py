@@ -2,7 +2,8 @@
 
 - `kv_formats` → `KVFormats`: each KV format's bytes per token (scales counted) and its quality against the fp32
   cache on a slice of the held-out text; blocks and sequences at a budget are re-divided without re-measuring;
-- `weight_format_row` → rows of `WeightFormats`: batch-1 decode speed and quality of a weight format beside fp32;
+- `weight_format_row` → rows of `WeightFormats`: batch-1 decode speed and quality of a weight format beside fp32,
+  with llama.cpp's decode on the same GGUF file (`llama_cpp_decode`);
 - `activation_rounding` → `ActivationRounding`: one layer's real inputs through int8 weights four ways;
 - `format_sweep` → `FormatSweep`: the benchmark's cached weight × KV sweep (measured engine-side,
   `workbench.quality.format_sweep`), with memory per configuration and what a quantized KV costs in speed.
@@ -25,6 +26,7 @@ from workbench.lab.ch06.activations import VARIANTS, capture_inputs, rounding_er
 from workbench.lab.kit.baseline import Baseline
 from workbench.lab.kit.notebook import GiB, MiB
 from workbench.models.int8_linear import model_weight_bytes, quantize_model_weights
+from workbench.models.registry import shipped_source
 from workbench.progress import ProgressFn, no_progress
 from workbench.quality.format_sweep import (
     BLOCK_SIZE,
@@ -38,7 +40,8 @@ from workbench.quality.teacher_forcing import compare_logits, logits_through_cac
 from workbench.timing import describe_machine
 from workbench_kernels.kv_quant import cache_shapes
 
-WEIGHT_NAMES = {"fp32": "fp32", "int8": "int8 linears", "int8_all": "int8 linears + LM head", "bf16": "bfloat16"}
+WEIGHT_NAMES = {"fp32": "fp32", "int8": "int8 linears", "int8_all": "int8 linears + LM head", "bf16": "bfloat16",
+                "q4_1": "GGUF Q4_1 as shipped", "q8_0": "GGUF Q8_0"}
 
 
 def kv_breakdown(spec, kv_format: str, model_dtype: torch.dtype = torch.float32) -> dict[str, int]:
@@ -123,7 +126,10 @@ def weight_variant(model, name: str):
         clone = copy.deepcopy(model)
     finally:
         model.prepare(pack=packed)
-    clone = clone.to(torch.bfloat16) if name == "bf16" else quantize_model_weights(clone, name)
+    if name == "bf16":
+        clone = clone.to(torch.bfloat16)
+    else:  # the GGUF formats keep the file's own blocks when the model is the real one
+        clone = quantize_model_weights(clone, name, shipped_source(clone) if name in ("q4_1", "q8_0") else None)
     return clone.prepare(pack=packed)
 
 
@@ -143,11 +149,36 @@ def weight_format_row(model, tokenizer, name: str, ids: list[int], reference: to
 
 
 @dataclass(frozen=True)
+class PeerLine:
+    """llama.cpp's batch-1 decode on the same GGUF file: run now on this machine, or a stored run elsewhere."""
+
+    tokens_per_s: float
+    label: str
+    live: bool
+
+
+def llama_cpp_decode(decode_tokens: int, threads: int) -> PeerLine | None:
+    """llama-bench's ``tg`` tokens/s on the real model's GGUF: measured now where ``llama-bench`` is built on this
+    machine (`workbench.llamacpp`), else the stored side-by-side run (labelled with its machine), else None."""
+    from workbench import llamacpp
+    from workbench.models.convert import find_gguf
+
+    if llamacpp.llama_bench_path().is_file():
+        speed = llamacpp.run_llama_bench(find_gguf(), threads, 0, decode_tokens, repetitions=2)["decode"]
+        return PeerLine(speed, f"llama.cpp llama-bench tg{decode_tokens}, {threads} threads, measured now on this "
+                               "machine", live=True)
+    stored = llamacpp.load_result()
+    return None if stored is None else PeerLine(stored.decode["llama.cpp"], stored.label, live=False)
+
+
+@dataclass(frozen=True)
 class WeightFormats:
-    """The weight formats measured so far (index; fp32 first), with speed-up and bytes relative to fp32."""
+    """The weight formats measured so far (index; fp32 first), with speed-up and bytes relative to fp32, and
+    llama.cpp's decode on the same GGUF file where it could be had (``peer``)."""
 
     rows: tuple[dict, ...]
     tokens: int
+    peer: PeerLine | None = None
 
     @property
     def frame(self) -> pd.DataFrame:
