@@ -14,8 +14,12 @@ For the fastest configuration of each model at batch 1 it also reports the devic
 captured graph replayed back to back, no host work between) and a kernel census from the profiler: kernels
 per step and the costliest ones. Step minus replay is what the host adds between steps.
 
+GGUF block weights (``--weights q4_1``: 4-bit blocks multiplied by the Triton kernel of
+`workbench_kernels.gguf_matmul`, which converts them in registers) run for the models in ``--weights-models`` at
+batch 1 in the fastest configuration, beside the same model's bf16 weights and the roofline of their own bytes.
+
     PYTHONPATH=. python benchmarks/bench_gpu_engine.py [--models llama-3-8b,smollm2-135m] [--batches 1,64]
-        [--prompt 128] [--new-tokens 256] [--json out.json]
+        [--prompt 128] [--new-tokens 256] [--weights q4_1] [--weights-models smollm2-135m] [--json out.json]
     python benchmarks/bench_gpu_engine.py --device cpu --tiny     # the dry run: same code, tiny shapes
 
 Prints a table and a final JSON line.
@@ -156,6 +160,22 @@ def graph_anatomy(engine: LLMEngine, size: int, replays: int = 200) -> dict:
     return anatomy
 
 
+def block_weights_run(spec, model_name: str, fmt: str, dtype, device, bandwidth, args) -> dict:
+    """One model with its linear layers in GGUF blocks (`workbench.models.gguf_linear`), batch 1, graphs and fused
+    layer kernels on: its decode speed beside the roofline of its own weight bytes."""
+    model = workbench.random_model(spec, dtype=dtype, device=device, seed=0, weights=fmt)
+    nbytes = weight_bytes(model)
+    floor = bandwidth * 1e9 / nbytes if bandwidth else None
+    row = decode_run(model, 1, args.prompt, args.new_tokens, graphs=device.type == "cuda", fused=True)
+    print(f"{model_name:>14} weights {fmt}: {row['ms_per_step']:8.3f} ms/step, {row['tokens_per_s']:9.1f} tok/s "
+          f"({nbytes / 1e6:.0f} MB of weights)", flush=True)
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"model": model_name, "weights": fmt, "weight_GB": round(nbytes / 1e9, 3),
+            "roofline_tokens_per_s_batch1": None if floor is None else round(floor, 1), "runs": [row]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="llama-3-8b,smollm2-135m")
@@ -164,6 +184,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="shrink every model to 2 small layers (dry run)")
+    parser.add_argument("--weights", default="q4_1", help="GGUF weight formats to run at batch 1 ('' for none)")
+    parser.add_argument("--weights-models", default="smollm2-135m", help="the models those formats run for")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -197,6 +219,9 @@ def main() -> None:
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if model_name in args.weights_models.split(","):
+            for fmt in filter(None, args.weights.split(",")):
+                result["models"].append(block_weights_run(spec, model_name, fmt, dtype, device, bandwidth, args))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

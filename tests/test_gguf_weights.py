@@ -377,3 +377,27 @@ def test_gguf_model_weights_refuses_unknown_formats():
         gguf_model_weights(model, "q4_0")
     with pytest.raises(ValueError, match="unknown weights format 'q5_1'"):
         workbench.random_model("smollm2-135m", num_layers=1, device="cpu", weights="q5_1")
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_q4_1_on_cuda_is_the_float_model_and_runs_under_cuda_graphs(real_model):
+    from workbench.config import CacheConfig, SamplingParams
+    from workbench.engine.llm_engine import LLMEngine
+
+    model, tokenizer = workbench.load_model("smollm2-135m", device="cuda", weights="q4_1")
+    assert model.layers[0].qkv_proj.path == "triton" and model.lm_head.path == "triton"
+    ids = tokenizer.encode("The capital of France is Paris, and the capital of Germany is")
+    steps = [5, 1000, 17]
+    real_model.prepare(pack=False)
+    try:
+        want = _prefill_and_decode(real_model, ids, steps)
+    finally:
+        real_model.prepare()
+    got = _prefill_and_decode(model, ids, steps).cpu()
+    assert float((got - want).abs().max()) <= 1e-3 and torch.equal(got.argmax(-1), want.argmax(-1))
+    bf16, _ = workbench.load_model("smollm2-135m", device="cuda", dtype=torch.bfloat16, weights="q4_1")
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    outs = [LLMEngine(bf16, tokenizer, cache_config=CacheConfig(num_blocks=64), cuda_graphs=graphs).generate(
+        ["Say hello.", "Count to five."], params, progress=False)[0].token_ids for graphs in (False, True)]
+    assert outs[0] == outs[1]
