@@ -5,7 +5,8 @@ Why it exists: the seed's quantization hierarchy (70B weights at 140 GB in fp16 
 recomputes it, in both GB (10^9 bytes, the seed's unit) and GiB (2^30, what a GPU's "80 GB" really holds), with
 the scales a quantized format needs counted.
 
-The engine's formats come from `workbench.cache.sizing` (weights ``auto``/``int8``/``int8_all``; KV ``auto``,
+The engine's formats come from `workbench.cache.sizing` (weights ``auto``/``int8``/``int8_all``/``q4_1``/``q8_0``,
+the last two GGUF blocks of 32 weights with fp16 scales, as the real model's file ships them; KV ``auto``,
 ``fp8_e4m3``, ``int8``, ``int4``). int4 *weights* are not an engine format; their bytes here are arithmetic, for
 the seed's rows: 4 bits per linear weight plus an fp16 scale and zero per group of 128 (as GPTQ/AWQ store them),
 embeddings and LM head left in 16 bits, as those checkpoints leave them.
@@ -44,6 +45,8 @@ def weight_formats(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> pd.D
     rows = {f"{name} (model dtype)": weight_bytes(spec, dtype),
             "int8 (engine: decoder linears)": weight_bytes(spec, dtype, "int8"),
             "int8_all (engine: + LM head)": weight_bytes(spec, dtype, "int8_all"),
+            "q4_1 (engine: GGUF Q4_1 blocks, Q8_0 head)": weight_bytes(spec, dtype, "q4_1"),
+            "q8_0 (engine: GGUF Q8_0 blocks)": weight_bytes(spec, dtype, "q8_0"),
             "int4, groups of 128 (arithmetic)": int4_weight_bytes(spec, dtype)}
     if dtype != torch.float32:
         rows = {"float32": weight_bytes(spec, torch.float32), **rows}
