@@ -146,8 +146,9 @@ class EvictionSweep:
         missed = short[short["hit_rate"] == 0]
         none = (f" With {int(missed['budget_blocks'].max())} blocks or fewer nothing survived a cycle."
                 if len(missed) else "")
-        return (f"{int(first['budget_blocks'])} blocks, one fewer than the working set of {self.working_set} in "
-                f"the tightest case, still gave a hit rate of {first['hit_rate']:.0%} ({int(first['requests_hit'])} "
+        short_by = self.working_set - int(first["budget_blocks"])
+        return (f"{int(first['budget_blocks'])} blocks, {short_by} fewer than the working set of {self.working_set}, "
+                f"still gave a hit rate of {first['hit_rate']:.0%} ({int(first['requests_hit'])} "
                 f"requests hit): the engine releases a finished request's blocks deepest first, so LRU evicts the "
                 "deep end of an old prefix before its first blocks, and the next request with that prefix finds "
                 "them. That is the prefix-aware order the seed describes, measured." + none)
