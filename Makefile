@@ -93,13 +93,13 @@ test-fast: setup
 	$(BIN)/pytest $(XDIST) -m "not slow and not browser and not notebook and not external" $(PYTEST_ARGS)
 
 # The course site, from the stored notebooks (nothing is executed); offline: it fetches nothing at build or read
-# time. docs-serve serves it on http://127.0.0.1:8000 and rebuilds on change.
+# time. docs-serve serves it on http://127.0.0.1:8001 (8000 is `workbench serve`'s default) and rebuilds on change.
 export NO_MKDOCS_2_WARNING = 1
 docs: setup
 	$(BIN)/mkdocs build --strict --site-dir site
 
 docs-serve: setup
-	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
 
 lint: setup
 	$(BIN)/ruff check .

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from notebook_outputs import check_stored_figures  # noqa: E402
 
 SIZE_LIMIT = 1 << 20
+KERNEL = "python3"
 
 
 def record_run(nb, elapsed: float) -> None:
@@ -36,15 +37,26 @@ def record_run(nb, elapsed: float) -> None:
                                 "seconds": round(elapsed, 1), "baselines": stored_baselines(nb)}
 
 
+def kernelspec_metadata(name: str = KERNEL) -> dict[str, str]:
+    """The notebook's ``kernelspec`` exactly as JupyterLab writes it for the installed kernel. Any other value
+    (nbclient keeps whatever the file had, "Python 3") is rewritten by JupyterLab when the kernel starts, and the
+    notebook opens marked unsaved: closing it asks to save, and saving rewrites the stored notebook."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(name)
+    return {"display_name": spec.display_name, "language": spec.language, "name": name}
+
+
 def refresh(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     os.environ["WORKBENCH_REQUIRE_PNG"] = "1"  # inherited by the kernel
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", record_timing=False, store_widget_state=False,
+    client = NotebookClient(nb, timeout=600, kernel_name=KERNEL, record_timing=False, store_widget_state=False,
                             resources={"metadata": {"path": str(HERE)}})
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    nb.metadata["kernelspec"] = kernelspec_metadata()
     record_run(nb, elapsed)
     problems = check_stored_figures(nb)
     if problems:
