@@ -89,12 +89,10 @@ def test_blocks_dequantize_exactly_as_the_gguf_package_does(fmt):
 
 
 def test_the_cpp_extension_builds_here_and_says_which_vector_path():
-    # The project's machines have a C++ compiler and ninja; where they do, a failed build is a bug, not a fallback.
-    from torch.utils.cpp_extension import is_ninja_available
-
-    if shutil.which("c++") is None or not is_ninja_available():
-        pytest.fail("no C++ compiler or ninja on this machine: the GGUF CPU product falls back to the reference")
+    # The project's machines have a C++ compiler (and ninja, a dependency); a failed build here is a bug.
     status = gguf_cpu.extension()
+    if shutil.which("c++") is None:
+        pytest.fail(f"no C++ compiler on this machine: the GGUF CPU product falls back ({status.reason})")
     assert status.loaded, status.reason
     assert status.vector_path in ("avx512", "avx2", "portable")
     assert gguf_cpu.build_directory().is_dir()

@@ -181,9 +181,39 @@ at::Tensor decode_attention(const at::Tensor& qkv, const at::Tensor& keys, const
   return out;
 }
 
+// Every decoder layer of one token over a contiguous KV buffer, in one call: attn_in, decode_attention and
+// attn_out per layer, with no Python between layers. Each list holds one tensor per layer; kinds per layer.
+at::Tensor decode_layers(const at::Tensor& x, at::TensorList input_norms, at::TensorList qkv_blocks,
+                         at::IntArrayRef qkv_kinds, at::TensorList o_blocks, at::IntArrayRef o_kinds,
+                         at::TensorList post_norms, at::TensorList gate_up_blocks, at::IntArrayRef gate_up_kinds,
+                         at::TensorList down_blocks, at::IntArrayRef down_kinds, const at::Tensor& cos,
+                         const at::Tensor& sin, const at::Tensor& keys, const at::Tensor& values, int64_t pos,
+                         int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, double eps, double scale) {
+  const size_t layers = input_norms.size();
+  for (size_t n : {qkv_blocks.size(), o_blocks.size(), post_norms.size(), gate_up_blocks.size(), down_blocks.size(),
+                   qkv_kinds.size(), o_kinds.size(), gate_up_kinds.size(), down_kinds.size()})
+    TORCH_CHECK(n == layers, "every per-layer list must have ", layers, " entries, got one of ", n);
+  TORCH_CHECK(keys.dim() == 4 && static_cast<size_t>(keys.size(0)) == layers, "keys must have one entry per layer");
+  at::Tensor h = x;
+  for (size_t i = 0; i < layers; ++i) {
+    at::Tensor qkv = attn_in(h, input_norms[i], eps, qkv_blocks[i], qkv_kinds[i], cos, sin, num_heads, num_kv_heads,
+                             head_dim);
+    at::Tensor attn = decode_attention(qkv, keys, values, static_cast<int64_t>(i), pos, num_heads, num_kv_heads,
+                                       head_dim, scale);
+    h = attn_out(h, attn, o_blocks[i], o_kinds[i], post_norms[i], eps, gate_up_blocks[i], gate_up_kinds[i],
+                 down_blocks[i], down_kinds[i]);
+  }
+  return h;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(workbench_gguf, m) {
+  m.def("decode_layers(Tensor x, Tensor[] input_norms, Tensor[] qkv_blocks, int[] qkv_kinds, Tensor[] o_blocks, "
+        "int[] o_kinds, Tensor[] post_norms, Tensor[] gate_up_blocks, int[] gate_up_kinds, Tensor[] down_blocks, "
+        "int[] down_kinds, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, int pos, int num_heads, "
+        "int num_kv_heads, int head_dim, float eps, float scale) -> Tensor",
+        &decode_layers);
   m.def("decode_attention(Tensor qkv, Tensor(a!) keys, Tensor(b!) values, int layer, int pos, int num_heads, "
         "int num_kv_heads, int head_dim, float scale) -> Tensor",
         &decode_attention);

@@ -41,7 +41,7 @@ def runs_here(model, x: torch.Tensor) -> bool:
     if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[0] > DIRECT_ROWS:
         return False
     if getattr(model, "cpu_block_layers", False) is None:  # GGUF weights, not yet checked on this device
-        model.cpu_block_layers = eligible(model)
+        model.cpu_block_layers, model._block_layer_lists = eligible(model), None
     return bool(getattr(model, "cpu_block_layers", False)) and not products_are_row_invariant()
 
 
@@ -55,6 +55,12 @@ def forward_layers(model, x: torch.Tensor, positions: torch.Tensor, attention: A
     tapped = []
     x = x.contiguous()
     slot = attention.decode_slot() if hasattr(attention, "decode_slot") else None
+    if slot is not None and not taps:  # one token over a contiguous cache: every layer in one call
+        keys, values, position = slot
+        layer = model.layers[0]
+        x = ops.decode_layers(x, *_stacked(model), cos, sin, keys, values, position, layer.num_heads,
+                              layer.num_kv_heads, layer.head_dim, eps, model.attention_scale)
+        return F.rms_norm(x, (x.shape[-1],), model.norm, eps), None
     for i, layer in enumerate(model.layers):
         if slot is not None:  # one token over a contiguous cache: three calls, attention among them
             x = _decode_layer(model, layer, i, x, cos, sin, slot)
@@ -74,6 +80,21 @@ def forward_layers(model, x: torch.Tensor, positions: torch.Tensor, attention: A
             tapped.append(F.rms_norm(x, (x.shape[-1],), None, eps))
     hidden = F.rms_norm(x, (x.shape[-1],), model.norm, eps)
     return hidden, torch.cat(tapped, dim=-1) if tapped else None
+
+
+def _stacked(model) -> tuple:
+    """Every layer's norms, blocks and block kinds as the per-layer lists ``decode_layers`` takes; built once per
+    eligibility decision (`runs_here` rebuilds them when the model is moved or converted)."""
+    if getattr(model, "_block_layer_lists", None) is None:
+        lists = []
+        for name in ("input_norm", *_PROJECTIONS[:2], "post_attention_norm", *_PROJECTIONS[2:]):
+            if name.endswith("norm"):
+                lists.append([getattr(layer, name) for layer in model.layers])
+            else:
+                lists.append([getattr(layer, name).blocks for layer in model.layers])
+                lists.append([getattr(layer, name).kind for layer in model.layers])
+        model._block_layer_lists = tuple(lists)
+    return model._block_layer_lists
 
 
 def _decode_layer(model, layer, index: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
