@@ -7,6 +7,7 @@
 - `progress`: the progress callback type the measurements take, and its widget (lit at once, with a clock);
 - `threads`: torch's thread count for a measurement, from what the rest of the machine leaves free;
 - `contention`: whether the machine was busy while a panel measured, for status lines and verdicts;
+- `memory`: what the chapter's kernel holds, and how to free it before the next chapter;
 - `stored`: static copies of figures and tables as notebook outputs (plotly JSON, HTML, PNG);
 - `exercises`: "Try this" questions whose answers the package computes;
 - `closing`: the closing table of a chapter, one vocabulary of verdicts, each computed from results;
