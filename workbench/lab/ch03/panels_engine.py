@@ -53,8 +53,9 @@ class LayoutLab(LabPanel):
         hit = "no request read the cache" if run.hit_ms != run.hit_ms else f"hits <b>{run.hit_ms:.0f} ms</b>"
         self.status.value = (f"<b>{run.layout}</b>: provider cache reads cover <b>{run.hit_rate:.0%}</b> of prompt "
                              f"tokens over all {len(f)} requests, <b>{run.warm_hit_rate:.0%}</b> over the "
-                             f"{len(f) - 1} after the first, cold one (the most a warm request can read is "
-                             f"{run.ceiling:.0%}: the prompt up to the breakpoint); "
+                             f"{len(f) - 1} after the first, cold one"
+                             + ("" if run.ceiling != run.ceiling else f" (the most a warm request can read is "
+                                f"{run.ceiling:.0%}: the prompt up to the breakpoint)") + "; "
                              f"median TTFT misses <b>{run.miss_ms:.0f} ms</b>, {hit} (a warm-up request "
                              f"of the same prompt ran first, unbilled, in {run.warmup_ttft_ms:.0f} ms: not counted); "
                              f"the {len(f)} requests cost ${run.cost_usd:.5f} at {run.model} prices.")

@@ -39,8 +39,11 @@ def warm_hit_rate(frame: pd.DataFrame) -> float:
 
 
 def ceiling(frame: pd.DataFrame) -> float:
-    """The most a warm request can read: the prompt up to the breakpoint (static / (static + dynamic))."""
+    """The most a warm request can read: the prompt up to the breakpoint (static / (static + dynamic)); NaN when
+    no warm request read anything (a dynamic line before the breakpoint: then nothing can be read)."""
     warm = frame[frame["request"] > 0]
+    if not (warm["cache_read"] > 0).any():
+        return float("nan")
     return float(((warm["prompt_tokens"] - warm["input_tokens"]) / warm["prompt_tokens"]).median())
 
 
