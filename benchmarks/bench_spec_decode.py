@@ -106,11 +106,13 @@ def main() -> None:
                         help="chain: parts 1-3 (plain, prompt lookup, draft); trees: part 4 (chain vs trees)")
     parser.add_argument("--budgets", default="4,8,16", help="part 4: drafted nodes per pass")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (the model runs in float32 either way: "
+                                                        "speculative greedy runs are checked token for token)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     parts = set(args.parts.split(","))
-    model, tokenizer = workbench.load_model(device="cpu")
+    model, tokenizer = workbench.load_model(device=args.device)
     draft = load_draft(model)
     params = SamplingParams(max_tokens=args.max_tokens)
     grounded = load_prompts("grounded")

