@@ -130,10 +130,9 @@ def decode_run(model, batch: int, prompt: int, new_tokens: int, graphs: bool, fu
     return row
 
 
-def graph_anatomy(engine: LLMEngine, size: int, replays: int = 200) -> dict:
-    """The captured decode graph alone: device ms per replay (back to back) and a profiler census of its kernels."""
-    graph = engine.runner.graphs._graphs[size].graph
-    for _ in range(10):
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int, warmup: int = 10) -> float:
+    """Device milliseconds per replay of a captured graph, replayed back to back (no host work between)."""
+    for _ in range(warmup):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -141,7 +140,13 @@ def graph_anatomy(engine: LLMEngine, size: int, replays: int = 200) -> dict:
         graph.replay()
     end.record()
     end.synchronize()
-    anatomy = {"replay_ms": round(start.elapsed_time(end) / replays, 4)}
+    return start.elapsed_time(end) / replays
+
+
+def graph_anatomy(engine: LLMEngine, size: int, replays: int = 200) -> dict:
+    """The captured decode graph alone: device ms per replay (back to back) and a profiler census of its kernels."""
+    graph = engine.runner.graphs._graphs[size].graph
+    anatomy = {"replay_ms": round(replay_ms(graph, replays), 4)}
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

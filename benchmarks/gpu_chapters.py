@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu_engine import TINY, decode_run  # noqa: E402
+from bench_gpu_engine import TINY, decode_run, replay_ms  # noqa: E402
 
 import workbench  # noqa: E402
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig  # noqa: E402
@@ -223,14 +223,7 @@ def graphed_forward_ms(model, batch: int, positions: int, replays: int = 50) -> 
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             forward()
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        ms = start.elapsed_time(end) / replays
+        ms = replay_ms(graph, replays, warmup=1)
         del graph
         return ms
 
