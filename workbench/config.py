@@ -268,6 +268,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # logit -= p if the token was generated at all
     include_stop_str_in_output: bool = False  # keep the stop string that ended the text
     logprobs: int | None = None  # return each token's log-probability and this many top alternatives (0: none)
+    # each prompt token's log-probability (the first has none) and this many top alternatives; the prompt is then
+    # prefilled whole, never read from the prefix cache (a cached block has no logits: vLLM skips the lookup too)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.max_tokens, int) and self.max_tokens >= 1,
@@ -298,6 +301,9 @@ class SamplingParams:
                  f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty!r}")
         _require(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
                  f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        _require(self.prompt_logprobs is None
+                 or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+                 f"prompt_logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
             _require(isinstance(value, int | float) and -2 <= value <= 2,

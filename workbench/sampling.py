@@ -12,7 +12,8 @@ The order is vLLM's: ``apply_history`` first (min_tokens masks the stop tokens; 
 presence penalties), on the raw logits, so greedy decoding sees them too; then temperature, min-p, top-k, top-p.
 The history step depends on every token before, so it is applied only where one token is drawn per sequence and
 step (``SamplingParams.one_token_per_step`` keeps such sequences out of speculative decoding).
-``token_logprob`` reports a drawn token's log-probability, as the OpenAI API's ``logprobs`` asks.
+``token_logprob`` reports a drawn token's log-probability, as the OpenAI API's ``logprobs`` asks, and
+``prompt_logprobs`` each prompt token's under the rows before it (vLLM's ``prompt_logprobs``, OpenAI's ``echo``).
 
 One row's numbers never break another row. Values a caller may legally ask for can still be extreme (a
 ``repetition_penalty`` of 1e-38 sends a logit to infinity), so ``probabilities`` saturates instead of overflowing
@@ -46,6 +47,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None  # 1 for the most likely token (set for prompt tokens, which vLLM reports it for)
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:
@@ -154,3 +156,18 @@ def token_logprob(logits: torch.Tensor, token: int, num_top: int) -> TokenLogpro
     top = torch.topk(logprobs, num_top) if num_top else None
     pairs = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
     return TokenLogprob(token, float(logprobs[token]), pairs)
+
+
+def prompt_logprobs(logits: torch.Tensor, tokens: list[int], num_top: int) -> list[TokenLogprob]:
+    """Each of ``tokens``'s log-probability under the raw logits row before it (``logits``: [len(tokens), vocab],
+    row i predicting tokens[i]), its rank (1 = the most likely) and the ``num_top`` most likely tokens with theirs."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(tokens, device=logprobs.device).unsqueeze(1)
+    chosen = logprobs.gather(1, ids)
+    ranks = (logprobs > chosen).sum(dim=1) + 1
+    top = torch.topk(logprobs, num_top) if num_top else None
+    top_ids = top.indices.tolist() if top is not None else [[] for _ in tokens]
+    top_values = top.values.tolist() if top is not None else [[] for _ in tokens]
+    return [TokenLogprob(token, value, tuple(zip(ids_, values, strict=True)), rank)
+            for token, value, rank, ids_, values in zip(tokens, chosen.squeeze(1).tolist(), ranks.tolist(), top_ids,
+                                                        top_values, strict=True)]

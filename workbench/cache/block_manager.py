@@ -70,26 +70,29 @@ class BlockManager:
         self._seqs: dict[int, _SeqState] = {}
 
     # ---------------------------------------------------------------------------------- sequence lifecycle
-    def add_sequence(self, seq_id: int, token_ids: list[int]) -> int:
+    def add_sequence(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
         """Register a sequence with its token list and return how many leading tokens are already cached
         (a multiple of block_size, always < len(token_ids): the block holding the last token is computed so
         that the forward yields logits). Takes the hit blocks from the cache and allocates nothing else.
-        The list stays the caller's: the manager keeps it (no copy) and sees what the caller appends to it."""
+        The list stays the caller's: the manager keeps it (no copy) and sees what the caller appends to it.
+        ``lookup=False``: compute every token (a request that wants each prompt token's logits); its full blocks
+        are still registered for others, and the skipped lookup is no prefix-cache query (as in vLLM)."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id!r} is already added; free it before adding it again")
         if not isinstance(token_ids, list) or len(token_ids) == 0:
             raise ValueError(f"token_ids for seq_id {seq_id!r} must be a non-empty list, got {token_ids!r}")
         tokens = token_ids
         hits: list[int] = []
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and lookup:
             hits = self.prefix_cache.lookup(tokens, (len(tokens) - 1) // self.block_size)
             for block in hits:
                 self._pool.acquire(block)
         num_hit = len(hits) * self.block_size
         self._seqs[seq_id] = _SeqState(tokens, hits, num_hit, num_hit, len(hits))
-        stats = self.prefix_cache.stats
-        stats.queried_tokens += len(tokens)
-        stats.hit_tokens += num_hit
+        if lookup:
+            stats = self.prefix_cache.stats
+            stats.queried_tokens += len(tokens)
+            stats.hit_tokens += num_hit
         return num_hit
 
     def append_tokens(self, seq_id: int, token_ids: Sequence[int]) -> None:

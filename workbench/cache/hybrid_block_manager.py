@@ -70,15 +70,16 @@ class HybridBlockManager:
         return self._caching
 
     # ---------------------------------------------------------------------------------- sequence lifecycle
-    def add_sequence(self, seq_id: int, token_ids: list[int]) -> int:
+    def add_sequence(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
         """Register a sequence (its token list is kept, not copied) and return how many leading tokens are
-        already cached: whole blocks, always fewer than all of them, each group holding what it needs."""
+        already cached: whole blocks, always fewer than all of them, each group holding what it needs.
+        ``lookup=False``: compute every token (`BlockManager.add_sequence`)."""
         if seq_id in self._seqs:
             raise ValueError(f"seq_id {seq_id!r} is already added; free it before adding it again")
         if not isinstance(token_ids, list) or not token_ids:
             raise ValueError(f"token_ids for seq_id {seq_id!r} must be a non-empty list, got {token_ids!r}")
         nodes = (self.prefix_cache.lookup(token_ids, (len(token_ids) - 1) // self.block_size)
-                 if self._caching else [])
+                 if self._caching and lookup else [])
         hit = len(nodes)
         tables = []
         for g in range(self.num_groups):
@@ -90,9 +91,10 @@ class HybridBlockManager:
         for node in nodes:
             self.prefix_cache.trie.hold(node)
         self._seqs[seq_id] = _Seq(token_ids, tables, nodes, hit * self.block_size)
-        stats = self.prefix_cache.stats
-        stats.queried_tokens += len(token_ids)
-        stats.hit_tokens += hit * self.block_size
+        if lookup:
+            stats = self.prefix_cache.stats
+            stats.queried_tokens += len(token_ids)
+            stats.hit_tokens += hit * self.block_size
         return hit * self.block_size
 
     def append_tokens(self, seq_id: int, token_ids: Sequence[int]) -> None:

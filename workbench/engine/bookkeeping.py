@@ -14,6 +14,9 @@ recorder keeps the timeline, the proposer forgets the sequence; aborts come thro
 4. tokens are appended and stop conditions checked; slots reserved for drafts that were not used go back;
 5. the proposer hears which positions are real now (with their target features, if it reads them).
 
+A sequence that asked for prompt log-probabilities gets them from its prefill chunks' rows as they are computed
+(``ForwardResult.prompt_logits``), in order, before its KV advances.
+
 A multi-step decode (``ForwardResult.step_tokens``) commits like a verification whose every token is accepted.
 
 A sequence whose next token cannot be drawn (`workbench.sampling.SamplingError`: its logits hold NaN) finishes
@@ -40,6 +43,7 @@ from workbench.sampling import (
     apply_history,
     check_distribution,
     probabilities,
+    prompt_logprobs,
     sample_batch,
     token_logprob,
 )
@@ -72,6 +76,8 @@ class Bookkeeper:
             if rows.item.drafts:
                 verifying.append(rows)
                 continue
+            if seq.seq_id in result.prompt_logits:
+                self._record_prompt_logprobs(seq, *result.prompt_logits[seq.seq_id])
             self._mark_computed(seq, seq.num_computed_tokens + rows.num_fed)
             if rows.num_logit_rows:
                 due += [(s, rows.first_logit_row) for s in (seq, *self.scheduler.fork(seq))]
@@ -121,6 +127,15 @@ class Bookkeeper:
     def _mark_computed(self, seq: Sequence, num_tokens: int) -> None:
         """The only place a sequence's computed KV advances."""
         self.blocks.mark_computed(seq.seq_id, num_tokens)
+
+    @staticmethod
+    def _record_prompt_logprobs(seq: Sequence, first: int, logits: torch.Tensor) -> None:
+        """Prompt tokens ``first``, ``first + 1``, ...: their log-probabilities from the rows before them. Only
+        the next missing ones are taken, in order, so a prompt recomputed after a preemption is not counted twice."""
+        if first != len(seq.prompt_logprobs) + 1:
+            return
+        tokens = seq.token_ids[first: first + logits.shape[0]]
+        seq.prompt_logprobs += prompt_logprobs(logits, tokens, seq.params.prompt_logprobs)
 
     def _sample_due_tokens(self, due: list[tuple[Sequence, int]], logits: torch.Tensor, now: float) -> list[str]:
         if not due:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,6 +62,9 @@ class ForwardResult:
     # A multi-step decode (`ModelRunner.execute` with ``ScheduledSeq.multi_step``): [steps, num_seqs] greedy tokens,
     # row i decoded from row i - 1 on the device; ``hidden``, ``features`` and ``logits`` are the last step's.
     step_tokens: torch.Tensor | None = None
+    # Sequences that asked for prompt log-probabilities (``Sequence.needs_prompt_logits``): seq_id -> (the position
+    # of the first prompt token predicted, [rows, vocab] float32 logits of the fed rows predicting the next ones)
+    prompt_logits: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -119,7 +122,26 @@ class ModelRunner:
                 logit_rows += wanted
         with step_range("forward"):
             hidden, tapped, logits = self._forward(batch, entries, logit_rows, graphable)
-        return self._observed(ForwardResult(hidden, hidden if tapped is None else tapped, logits, items))
+            result = ForwardResult(hidden, hidden if tapped is None else tapped, logits, items)
+            result.prompt_logits = self._prompt_logits(scheduled, entries, batch.first_rows, hidden)
+        return self._observed(result)
+
+    def _prompt_logits(self, scheduled: list[ScheduledSeq], entries: list[BatchEntry], first_rows: list[int],
+                       hidden: torch.Tensor) -> dict[int, tuple[int, torch.Tensor]]:
+        """For each sequence that asked for prompt log-probabilities, the logits of its fed rows that predict a
+        prompt token not reported yet (the row at position p predicts token p + 1), and the first such token's
+        position. The same rows a plain prefill computes and drops: the cost is the LM head over them."""
+        out = {}
+        for item, entry, row in zip(scheduled, entries, first_rows, strict=True):
+            seq = item.seq
+            if item.drafts or not seq.needs_prompt_logits:
+                continue
+            first = max(entry.start, len(seq.prompt_logprobs))
+            end = min(entry.start + len(entry.tokens), seq.num_prompt_tokens - 1)
+            if end > first:
+                rows = hidden[row + first - entry.start: row + end - entry.start]
+                out[seq.seq_id] = (first + 1, self.model.compute_logits(rows).float())
+        return out
 
     def _observed(self, result: ForwardResult) -> ForwardResult:
         for observe in self.observers:

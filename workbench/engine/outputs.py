@@ -17,6 +17,8 @@ class CompletionOutput:
     new_text: str = ""
     logprobs: list[TokenLogprob] | None = None  # one per token of token_ids, when the request asked for them
     error: str | None = None  # what went wrong, with finish_reason "error"
+    # with finish_reason "stop": the stop string or stop token id that ended it (None for an EOS), as vLLM's
+    stop_reason: str | int | None = None
 
     @property
     def finished(self) -> bool:
@@ -28,6 +30,8 @@ class RequestOutput:
     request_id: str
     prompt_ids: list[int]
     outputs: list[CompletionOutput]
+    # params.prompt_logprobs: one per prompt token, None for the first (nothing comes before it)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:

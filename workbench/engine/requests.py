@@ -17,7 +17,7 @@ from workbench.cache.block_manager import BlockManager
 from workbench.config import CacheConfig, ModelSpec, SamplingParams, SchedulerConfig
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.engine.outputs import CompletionOutput, RequestOutput
-from workbench.engine.sequence import Sequence
+from workbench.engine.sequence import FinishReason, Sequence
 from workbench.prompts import check_prompt_fits, encode_prompt
 from workbench.sampling import make_generator
 
@@ -90,6 +90,8 @@ def new_request(request_id: str, prompt: str | list[int], params: SamplingParams
     seqs = []
     for index in range(params.n):
         seq_params = params if params.seed is None else replace(params, seed=params.seed + index)
+        if index and params.prompt_logprobs is not None:  # the prompt's are the first sequence's; siblings fork it
+            seq_params = replace(seq_params, prompt_logprobs=None)
         seqs.append(Sequence(
             next(seq_ids), request_id, list(prompt_ids), seq_params, max_total, arrival_time, blocks=blocks,
             generator=make_generator(seq_params, device), spec_k=spec_k, spec_slots=spec_slots, priority=priority,
@@ -108,7 +110,22 @@ def build_output(request: Request, since_last_look: bool = False) -> RequestOutp
             index=index, token_ids=output_ids, text=text,
             finish_reason=seq.finish_reason.value if seq.finish_reason else None,
             new_token_ids=output_ids[start:], new_text=text[text_start:],
-            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None, error=seq.error))
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None, error=seq.error,
+            stop_reason=stop_reason(seq)))
         if since_last_look:
             seq.num_returned_tokens, seq.returned_text_len = len(output_ids), len(text)
-    return RequestOutput(request.request_id, request.prompt_ids, outputs)
+    prompt_logprobs = None
+    if request.params.prompt_logprobs is not None:
+        prompt_logprobs = [None, *request.seqs[0].prompt_logprobs]
+    return RequestOutput(request.request_id, request.prompt_ids, outputs, prompt_logprobs)
+
+
+def stop_reason(seq: Sequence) -> str | int | None:
+    """What stopped a sequence that finished with "stop": its stop string, or its stop token id unless that is an
+    EOS the request did not name (vLLM reports None then)."""
+    if seq.finish_reason is not FinishReason.STOP:
+        return None
+    if seq.detokenizer is not None and seq.detokenizer.stopped_on is not None:
+        return seq.detokenizer.stopped_on
+    last = seq.token_ids[-1] if seq.num_output_tokens else None
+    return last if last in seq.params.stop_token_ids else None

@@ -215,11 +215,13 @@ class Scheduler:
                 break
             # Admit only if the whole known sequence fits in the free blocks (prefix hits counted), so that
             # chunks of admitted prompts do not preempt each other in a loop.
-            if self.blocks.blocks_needed(seq.token_ids) > self.blocks.num_free_blocks:
+            # A prompt whose log-probabilities are asked for is prefilled whole: cached blocks have no logits.
+            lookup = not seq.needs_prompt_logits
+            if self.blocks.blocks_needed(seq.token_ids if lookup else seq.num_tokens) > self.blocks.num_free_blocks:
                 break
             if not chunked and seq.num_tokens > budget:
                 break
-            seq.num_cached_prompt_tokens = self.blocks.add_sequence(seq.seq_id, seq.token_ids)
+            seq.num_cached_prompt_tokens = self.blocks.add_sequence(seq.seq_id, seq.token_ids, lookup=lookup)
             n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit if chunked else budget)
             out.block_copies += self.blocks.reserve(seq.seq_id, seq.num_computed_tokens + n)
             self.waiting.popleft()

@@ -71,6 +71,9 @@ class Sequence:
     returned_text_len: int = 0
     spec: SpecCounters = field(default_factory=SpecCounters)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token, when params.logprobs is set
+    # With params.prompt_logprobs: prompt tokens 1, 2, ... (the first has nothing before it), written by the
+    # bookkeeper from the prefill's logits, in order; complete once it holds num_prompt_tokens - 1 entries
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = len(self.token_ids)
@@ -130,6 +133,12 @@ class Sequence:
         """Whether its next tokens may be decoded several steps at a time on the device (greedy, nothing that
         reads each token on the host before the next: no penalties, min_tokens, logprobs or speculation)."""
         return self.params.greedy and not self.params.one_token_per_step and self.spec_k == 0
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Its request asked for prompt log-probabilities and some are still missing: its prompt is prefilled in
+        full (no prefix-cache lookup), and each prefill chunk returns a logits row per prompt token."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     @property
     def is_finished(self) -> bool:
