@@ -58,14 +58,15 @@ def wait_reading(waits: pd.DataFrame) -> str:
     noise of one run each (``TIMING_FLOOR``)."""
     none, wait = waits.iloc[0], waits.iloc[-1]
 
-    def change(column: str) -> str:
+    def change(column: str, unit: str) -> str:
         ratio = wait[column] / none[column]
         inside = abs(ratio - 1) <= TIMING_FLOOR
-        return f"{none[column]:.0f} → {wait[column]:.0f} ({ratio - 1:+.0%}{', within the noise' if inside else ''})"
+        return (f"{none[column]:.0f} → {wait[column]:.0f} {unit} ({ratio - 1:+.0%}"
+                f"{', within the noise' if inside else ''})")
 
     return (f"a {wait['max_wait_ms']:.0f} ms wait started {wait['batches']:.0f} batches of {wait['mean_batch']:.1f} "
             f"requests instead of {none['batches']:.0f} of {none['mean_batch']:.1f}; TTFT p50 "
-            f"{change('ttft_p50_ms')} ms, throughput {change('output_tok_s')} tokens/s (one run each, ±"
+            f"{change('ttft_p50_ms', 'ms')}, throughput {change('output_tok_s', 'tokens/s')} (one run each, ±"
             f"{TIMING_FLOOR:.0%} is this machine's run-to-run noise)")
 
 

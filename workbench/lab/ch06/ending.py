@@ -107,7 +107,8 @@ def _capacity(kv: KVFormats, sweep: FormatSweep, memory: MemoryLimitedRun, budge
         f"at {budget_gib:g} GiB of KV: {int(fp32_kv.sequences_at_budget)} sequences of {context:,} tokens with an "
         f"fp32 cache, {int(int8_kv.sequences_at_budget)} with int8 ({int8_kv.vs_fp32:.3f}× the bytes per token); on "
         f"the same {memory.budget_bytes / 2**20:.1f} MiB of KV and {memory.requests} requests at once the fp32 cache "
-        f"ran batches of at most {base['peak_batch']}, {small} {quant['peak_batch']}, at {base['output_tok_s']:.1f} vs "
+        f"ran batches of at most {int(base['peak_batch'])}, {small} {int(quant['peak_batch'])}, at "
+        f"{base['output_tok_s']:.1f} vs "
         f"{quant['output_tok_s']:.1f} tokens/s ({memory.sentence()}); with batches capped at 16 and ample memory "
         f"(cached sweep, fp32 weights) fp8 KV ran at {cost['throughput']:.1f} tokens/s against "
         f"{cost['throughput_fp32_kv']:.1f} with the fp32 cache ({cost['throughput_ratio']:.2f}×)",

@@ -46,8 +46,8 @@ class MemoryLimitedLab(LabPanel):
                                              "requests at once: batch and throughput by cache format")
         small, base = run.row(self.kv_format.value), run.row("auto")
         self.status.value = (
-            f"On {run.budget_bytes / 2**20:.1f} MiB of KV the fp32 cache ran at most <b>{base['peak_batch']}</b> "
-            f"sequences and {self.kv_format.value} <b>{small['peak_batch']}</b>; throughput "
+            f"On {run.budget_bytes / 2**20:.1f} MiB of KV the fp32 cache ran at most <b>{int(base['peak_batch'])}</b> "
+            f"sequences and {self.kv_format.value} <b>{int(small['peak_batch'])}</b>; throughput "
             f"<b>{base['output_tok_s']:.1f}</b> vs <b>{small['output_tok_s']:.1f}</b> tokens/s "
             f"({small['output_tok_s'] / base['output_tok_s']:.2f}×). What bounded each batch: {run.sentence()}.")
 
