@@ -202,3 +202,12 @@ def test_every_measured_row_can_turn():
                _prefix_run("static first", True, [700.0, 700.0, 700.0], [0, 0, 0])]
     against = ch02.closing_table(cache, share, paged, history, eviction, policies)
     assert rows_that_never_turn(agree, against) == [2]
+
+
+def test_the_chapter_baseline_records_what_section_3_and_7_timed(tiny_model):
+    cache, _, _, history, _, _ = _results()
+    base = ch02.chapter_baseline(cache, history, tiny_model)
+    assert base.chapter == "ch02" and base.decode_step_ms == pytest.approx(1e3 / 20.0, rel=0.02)
+    assert base.prefill_ms_per_token == pytest.approx(720.0 / 500) and base.prefill_tokens == 500
+    assert base.prefill_cached_ms_per_token == pytest.approx(100.0 / 4) and base.prefill_cached_tokens == 4
+    assert "prefill_cached_ms_per_token" in base.explanations  # few new tokens: one forward's fixed cost each

@@ -100,3 +100,12 @@ def test_every_measured_row_can_turn():
 def test_hits_are_faster_than_a_warm_miss_on_the_real_model(real_model, tokenizer):
     run = ch03.layout_run(ch03.HostedBench(real_model, tokenizer), "static first", num_requests=3)
     assert run.hit_ms < 0.6 * run.miss_ms
+
+
+def test_the_chapter_baseline_records_the_miss_and_the_cached_prefix(tiny_model):
+    static, dynamic, *_ = _results([0, 0, 0])
+    dynamic = ch03.LayoutRun("timestamp first", "claude-sonnet-4-5", dynamic.frame.assign(engine_cached=[0, 16, 16]),
+                             3000)
+    base = ch03.chapter_baseline({"static first": static, "timestamp first": dynamic}, tiny_model)
+    assert base.ttft_miss_ms == 3000 and base.ttft_tokens == 1147 and base.prefill_ms_per_token == 3000 / 1147
+    assert base.prefill_cached_tokens == 1147 - 16 and base.prefill_cached_ms_per_token == pytest.approx(3000 / 1131)

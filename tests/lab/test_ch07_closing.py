@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
+import workbench
 from workbench.lab import ch07
 from workbench.lab.ch07.runs import AcceptanceRun, BatchRun, same_draft_two_runs
 from workbench.lab.ch07.trees import TreeComparison
@@ -126,3 +127,12 @@ def test_seed_arithmetic_and_vllm_counters():
     assert values["mean acceptance length = 1 + accepted ÷ drafts"] == 4.0
     assert values["α = accepted ÷ tested (not a vLLM counter)"] == pytest.approx(6 / 7)
     assert not math.isnan(values["acceptance rate = accepted ÷ draft tokens"])
+
+
+def test_the_batch_panel_gives_the_registry_its_batch_1_and_16_steps():
+    run = batch([1.0, 0.9, 0.7], [1.1, 0.7, 0.5])
+    plain = pd.DataFrame([{"batch": b, "method": "plain", "speedup": 1.0, "decode_tokens_per_s": tps}
+                          for b, tps in ((1, 25.0), (4, 90.0), (16, 320.0))])
+    run = BatchRun(run.task, run.k, run.max_tokens, run.batches, pd.concat([run.frame, plain], ignore_index=True))
+    base = run.baseline(workbench.random_model("smollm2-135m", num_layers=1, device="cpu"))
+    assert base.decode_step_ms == pytest.approx(40.0) and base.decode_step_b16_ms == pytest.approx(50.0)
