@@ -74,6 +74,12 @@ class PagedKVCache:
         for t in self._copied_tensors():
             t[dst] = t[src]
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor a block's KV lives in (keys, values and per-slot scales, each shared tensor once), first
+        dimension the block: what copying a block moves, and what a second KV tier stores
+        (`workbench.cache.tier`)."""
+        return self._copied_tensors()
+
     def _copied_tensors(self) -> list[torch.Tensor]:
         """What a block or slot copy moves: keys and values, and per-slot scales; each shared tensor once."""
         tensors = [*self.key, *self.value] + ([*self.key_scale, *self.value_scale] if self._per_slot_scales else [])

@@ -30,9 +30,12 @@ from workbench.cache.hybrid_block_manager import HybridBlockManager
 from workbench.cache.kv_groups import KVGroupLayout, grouped
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.sizing import ceil_div, kv_format_for, num_blocks_for
+from workbench.cache.tier.config import KVOffloadConfig
+from workbench.cache.tier.manager import TieredBlockManager
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.engine.bookkeeping import Bookkeeper
 from workbench.engine.cuda_graphs import DecodeGraphs
+from workbench.engine.kv_offload import build_tier, calibrate
 from workbench.engine.model_runner import ModelRunner
 from workbench.engine.outputs import RequestOutput
 from workbench.engine.requests import Request, RequestLimits, build_output, new_request
@@ -49,12 +52,15 @@ from workbench.spec.tree_draft import TreeShape
 class LLMEngine:
     def __init__(self, model: LlamaModel, tokenizer=None, *, cache_config: CacheConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None, spec_config: SpecConfig | None = None,
-                 draft_model=None, cuda_graphs: bool = True, batch_invariant: bool = False):
+                 draft_model=None, cuda_graphs: bool = True, batch_invariant: bool = False,
+                 kv_offload: KVOffloadConfig | None = None):
         """``cuda_graphs``: on a CUDA model, replay captured graphs for pure decode steps
         (`workbench.engine.cuda_graphs`); False launches every kernel eagerly. Ignored on the CPU.
         ``batch_invariant``: a request's logits are bit-identical whatever else shares its batch, however its
         prompt is chunked and whether its prefix comes from the cache (`workbench.models.row_invariant`); slower,
-        and it runs every step eagerly."""
+        and it runs every step eagerly. ``kv_offload``: a second KV tier under the prefix cache, in host memory or
+        on disk (`workbench.cache.tier`): evicted blocks spill to it, and prefixes it holds are restored instead of
+        recomputed when the rule measured at start-up says restoring is cheaper."""
         self.model, self.tokenizer = model, tokenizer
         self.cache_config = cache_config or CacheConfig()
         self.scheduler_config = scheduler_config or SchedulerConfig()
@@ -70,7 +76,11 @@ class LLMEngine:
         if kv_format == "fp8_e4m3":
             self.cache.set_static_scales(*fp8_scales(model, calibration_ids(model, tokenizer)))
         caching = self.cache_config.enable_prefix_caching
-        self.blocks = (BlockManager(num_blocks, self.cache_config.block_size, enable_prefix_caching=caching)
+        self.kv_offload = None if kv_offload is None else build_tier(
+            kv_offload, model, self.cache, grouped=layout is not None, spec_config=spec_config, prefix_caching=caching)
+        self.blocks = (TieredBlockManager(num_blocks, self.cache_config.block_size, self.kv_offload)
+                       if self.kv_offload is not None else
+                       BlockManager(num_blocks, self.cache_config.block_size, enable_prefix_caching=caching)
                        if layout is None else
                        HybridBlockManager(num_blocks, self.cache_config.block_size, layout,
                                           enable_prefix_caching=caching, max_chunk=self.scheduler_config.chunk_limit))
@@ -106,6 +116,8 @@ class LLMEngine:
         self._request_ids = itertools.count()
         self._steps = 0
         self.clock = time.perf_counter
+        if self.kv_offload is not None:
+            calibrate(self)  # the restore rule's costs, measured on this engine (workbench.engine.kv_offload)
 
     @classmethod
     def from_pretrained(cls, name: str = "smollm2-135m", *, device: torch.device | str | None = None,
@@ -176,6 +188,12 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return any(not r.finished for r in self.requests.values())
 
+    def close(self) -> None:
+        """A clean shutdown: a write-back tier writes every cached block it lacks (a server calls this as it stops;
+        without a tier, nothing to do). The engine stays usable."""
+        if self.kv_offload is not None:
+            self.kv_offload.flush(self.blocks)
+
     # ----------------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one scheduling decision and one forward; return the requests that got new tokens."""
@@ -185,6 +203,9 @@ class LLMEngine:
             if self.proposer is not None:
                 for seq in out.preempted:
                     self.proposer.forget(seq.seq_id)
+        if self.kv_offload is not None:
+            with step_range("prepare"):  # spills out, then restores in, before the forward reads the blocks
+                self.kv_offload.move(self.blocks)
         if out.is_empty:
             return []
         with step_range("draft"):
@@ -192,6 +213,8 @@ class LLMEngine:
         result = self.runner.execute(out.scheduled, out.block_copies)  # the "prepare" and "forward" ranges
         with step_range("postprocess"):  # the "sample" and "verify" ranges nest inside
             committed = self.bookkeeper.commit(result, self.clock())
+            if self.kv_offload is not None:  # write-through: the blocks this forward completed
+                self.kv_offload.move(self.blocks)
             steps = 1 if result.step_tokens is None else result.step_tokens.shape[0]
             self._record_step(out, start, committed.num_accepted, steps)
             outputs = [build_output(self.requests[rid]) for rid in committed.touched if rid in self.requests]

@@ -57,6 +57,8 @@ class EngineLoop:
         self._times_seen: dict[int, int] = {}  # seq_id -> its token times already observed (TTFT, ITL)
         self._failed: set[str] = set()  # requests ended by an engine error (finished_reason "error")
         self._steps_seen = 0
+        self._restored_done: dict[str, int] = {}  # finished requests' prompt tokens from a second KV tier
+        metrics.attach_offload(getattr(engine, "kv_offload", None))
         prefix = engine.blocks.stats
         self._prefix_seen = (prefix.queried_tokens, prefix.hit_tokens)
 
@@ -106,7 +108,8 @@ class EngineLoop:
             prompt_ids, params = admit(engine)
             engine.add_request(prompt_ids, params, request_id=request_id, arrival_time=arrival_time, chat=False)
             stream.num_prompt_tokens = len(prompt_ids)
-            token_text = (lambda token: engine.tokenizer.decode([token])) if params.logprobs is not None else None
+            wants = params.logprobs is not None or params.prompt_logprobs is not None
+            token_text = (lambda token: engine.tokenizer.decode([token])) if wants else None
             self._active[request_id] = DeltaTracker(stream, num_choices, token_text)
 
         await self.run(add)
@@ -180,10 +183,12 @@ class EngineLoop:
             deltas = tracker.deltas(output)
             new_tokens = sum(d.num_tokens for d in deltas)
             prompt_tokens = cached_prompt = 0
+            restored = 0
             if new_tokens and not tracker.counted_prompt:
                 tracker.counted_prompt, prompt_tokens = True, len(output.prompt_ids)
                 cached_prompt = cached.get(output.request_id, self._cached_prompt_tokens(output.request_id))
-            self.metrics.record_tokens(prompt_tokens, new_tokens, cached_prompt)
+                restored = self._restored_prompt_tokens(output.request_id)
+            self.metrics.record_tokens(prompt_tokens, new_tokens, cached_prompt, restored)
             usage = error = None
             if output.finished:
                 del self._active[output.request_id]
@@ -201,7 +206,8 @@ class EngineLoop:
             tracker.stream.push(StreamEvent(tracker.close_all(reason), None if error else usage, error))
 
     def _shutdown(self) -> None:
-        """Runs on the engine thread as it exits: end every stream and refuse every queued command."""
+        """Runs on the engine thread as it exits: end every stream, refuse every queued command, and let the
+        engine close (a write-back KV tier writes what it lacks)."""
         self._stopping.set()
         for request_id in list(self._active):
             try:
@@ -215,6 +221,10 @@ class EngineLoop:
                 break
             if future.set_running_or_notify_cancel():
                 future.set_exception(EngineStopped("the server is shutting down"))
+        try:
+            self.engine.close()
+        except Exception:  # a tier that cannot write at exit must not keep the server from stopping
+            log.exception("could not close the engine cleanly")
 
     # ------------------------------------------------------------------------------- metrics export
     def _export_finished(self) -> dict[str, int]:
@@ -228,6 +238,9 @@ class EngineLoop:
             self.metrics.record_finished(seq, error=seq.request_id in self._failed)
             self._failed.discard(seq.request_id)
             cached.setdefault(seq.request_id, seq.num_cached_prompt_tokens)
+            tracker = self._active.get(seq.request_id)
+            if tracker is not None and not tracker.counted_prompt and hasattr(self.engine.blocks, "restored_tokens"):
+                self._restored_done.setdefault(seq.request_id, self.engine.blocks.restored_tokens(seq.seq_id))
         self._finished_seen = len(finished)
         return cached
 
@@ -235,6 +248,14 @@ class EngineLoop:
         """The prompt tokens a running request found in the prefix cache (its first sequence's last admission)."""
         request = self.engine.requests.get(request_id)
         return request.seqs[0].num_cached_prompt_tokens if request is not None and request.seqs else 0
+
+    def _restored_prompt_tokens(self, request_id: str) -> int:
+        """Of those, the ones restored from a second KV tier (0 without one)."""
+        request, blocks = self.engine.requests.get(request_id), self.engine.blocks
+        done = self._restored_done.pop(request_id, None)
+        if done is not None or request is None or not request.seqs or not hasattr(blocks, "restored_tokens"):
+            return done or 0
+        return blocks.restored_tokens(request.seqs[0].seq_id)
 
     def _export_progress(self) -> None:
         """TTFT and ITL of the sequences still running, observed as their tokens are produced."""
@@ -270,3 +291,4 @@ class EngineLoop:
             seen_queries = seen_hits = 0
         self._prefix_seen = (queries, hits)
         self.metrics.record_scheduler(running, waiting, blocks.usage, queries - seen_queries, hits - seen_hits)
+        self.metrics.record_offload(self.engine.kv_offload)

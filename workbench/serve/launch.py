@@ -77,6 +77,8 @@ def serve_from_args(args: argparse.Namespace) -> None:
     print(f"serving {args.served_model_name or args.model} at http://{args.host}:{args.port} "
           f"({engine.model.device}, {args.dtype}, weights {args.weights}, {engine.blocks.num_blocks} KV blocks of "
           f"{engine.cache_config.block_size})", file=sys.stderr, flush=True)
+    if engine.kv_offload is not None:
+        print(f"second KV tier: {engine.kv_offload.describe()}", file=sys.stderr, flush=True)
     server.run()
 
 

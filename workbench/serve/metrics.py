@@ -35,6 +35,7 @@ from prometheus_client import (
 
 from workbench.engine.sequence import Sequence
 from workbench.metrics.recorder import StepRecord
+from workbench.serve.offload_metrics import OffloadSeries
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -53,7 +54,8 @@ WAITING_REASONS = ("capacity", "deferred")
 # vLLM's sources of a prompt token's KV (vllm/v1/metrics/stats.py PromptTokenStats): computed by prefill, found in
 # the local prefix cache, or loaded through a KV connector (which this engine does not have: that one stays 0).
 PROMPT_TOKEN_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-# vLLM's tiers a cached prompt token can come from. This engine's only tier is its KV pool ("device").
+# vLLM's tiers a cached prompt token can come from: the KV pool ("device"), and with a second KV tier "host" or
+# "disk" (workbench.serve.offload_metrics).
 CACHE_TIERS = ("device", "host", "p2p", "disk", "external_unspecified")
 # vLLM's engine sleep states (sleep mode offloads or discards the weights); this engine is always awake.
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")
@@ -82,10 +84,24 @@ class ServingMetrics:
         self._build_scheduler_series()
         self._build_request_series(max_model_len)
         self._build_spec_series()
+        self.offload: OffloadSeries | None = None
+        self._cache_info: tuple[Info, dict[str, str]] | None = None
         if cache_config is not None:
             info = Info("vllm:cache_config", "Information of the engine's cache configuration.",
                         registry=self.registry)
-            info.info({**{key: str(value) for key, value in cache_config.items()}, "engine": ENGINE_INDEX})
+            values = {**{key: str(value) for key, value in cache_config.items()}, "engine": ENGINE_INDEX}
+            info.info(values)
+            self._cache_info = (info, values)
+
+    def attach_offload(self, tier) -> None:
+        """Register the series of the engine's second KV tier (`workbench.cache.tier.tier.KVTier`); a server
+        without one exports none of them. vLLM's cache_config_info then names the tier's size in blocks."""
+        if tier is None or self.offload is not None:
+            return
+        self.offload = OffloadSeries(self.registry, (self.model_name, ENGINE_INDEX), tier, self.cached_by_tier)
+        if self._cache_info is not None:
+            info, values = self._cache_info
+            info.info({**values, "num_cpu_blocks": str(tier.store.capacity_bytes // tier.store.bytes_per_block)})
 
     # ---------------------------------------------------------------------------------------- definitions
     def _labelled(self, kind, name: str, doc: str, **kwargs):
@@ -185,14 +201,23 @@ class ServingMetrics:
         self.prefix_hits.inc(prefix_hits)
         self.cached_by_tier["device"].inc(prefix_hits)
 
-    def record_tokens(self, prompt_tokens: int, generation_tokens: int, cached_prompt_tokens: int = 0) -> None:
+    def record_tokens(self, prompt_tokens: int, generation_tokens: int, cached_prompt_tokens: int = 0,
+                      restored_prompt_tokens: int = 0) -> None:
         """Token counters; a request's prompt is counted once, when its first token comes (as vLLM counts it at
-        prefill), split by source: ``cached_prompt_tokens`` of it came from the prefix cache."""
+        prefill), split by source: ``cached_prompt_tokens`` of it came from the prefix cache, of which
+        ``restored_prompt_tokens`` from the second KV tier (vLLM counts a connector's as external_kv_transfer)."""
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(generation_tokens)
         cached = min(cached_prompt_tokens, prompt_tokens)
-        self.prompt_tokens_by_source["local_cache_hit"].inc(cached)
+        restored = min(restored_prompt_tokens, cached)
+        self.prompt_tokens_by_source["local_cache_hit"].inc(cached - restored)
+        self.prompt_tokens_by_source["external_kv_transfer"].inc(restored)
         self.prompt_tokens_by_source["local_compute"].inc(prompt_tokens - cached)
+
+    def record_offload(self, tier) -> None:
+        """The second KV tier's counters' growth since the last call (no-op without a tier)."""
+        if self.offload is not None and tier is not None:
+            self.offload.export(tier)
 
     def record_progress(self, seq: Sequence, times_seen: int) -> int:
         """Observe what one sequence produced since ``times_seen`` of its token times were observed: its time to

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from workbench.cache.tier.config import RESTORE_MODES, TIER_KINDS, WRITE_POLICIES, KVOffloadConfig
 from workbench.config import BATCHING_MODES, SPEC_METHODS, CacheConfig, SchedulerConfig, SpecConfig
 from workbench.models.int8_linear import WEIGHT_FORMATS
 
@@ -47,6 +48,25 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every request's logits independent of the rest of its batch (bit-identical greedy "
                              "answers under any traffic; slower): vLLM's VLLM_BATCH_INVARIANT=1, SGLang's "
                              "--enable-deterministic-inference")
+    add_offload_arguments(parser)
+
+
+def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
+    tier = parser.add_argument_group("second KV tier (workbench.cache.tier)")
+    tier.add_argument("--kv-offload", choices=TIER_KINDS, default=None,
+                      help="keep blocks the prefix cache evicts in host memory or in files on disk, and restore "
+                           "them instead of recomputing when that is measured to be cheaper (default: off)")
+    tier.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                      help="the disk tier's directory: a restarted server (or another on the same directory) finds "
+                           "the blocks there")
+    tier.add_argument("--kv-offload-gib", "--kv-offloading-size", type=float, default=None, metavar="GIB",
+                      dest="kv_offload_gib", help="the tier's budget in GiB (default 4; vLLM's --kv-offloading-size)")
+    tier.add_argument("--kv-offload-write-policy", choices=WRITE_POLICIES, default=None,
+                      help="write_back: store a block when it is evicted (and at shutdown); write_through: as soon "
+                           "as it is computed (default: write_back for host, write_through for disk; SGLang's "
+                           "--hicache-write-policy)")
+    tier.add_argument("--kv-offload-restore", choices=RESTORE_MODES, default="auto",
+                      help="auto: restore when the start-up measurements say it beats recomputing")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,12 +98,31 @@ def engine_configs(args: argparse.Namespace) -> dict:
     }
     if getattr(args, "batch_invariant", False):
         configs["batch_invariant"] = True
+    offload = offload_config(args)
+    if offload is not None:
+        configs["kv_offload"] = offload
     if args.speculative_method is not None:
         configs["spec_config"] = SpecConfig(method=args.speculative_method,
                                             num_speculative_tokens=args.num_speculative_tokens,
                                             tree_branching=getattr(args, "speculative_tree", ()),
                                             tree_budget=getattr(args, "speculative_tree_budget", 0))
     return configs
+
+
+def offload_config(args: argparse.Namespace) -> KVOffloadConfig | None:
+    """The second KV tier the options ask for, or None; tier options without --kv-offload are an error."""
+    kind = getattr(args, "kv_offload", None)
+    if kind is None:
+        given = [flag for flag, value in (("--kv-offload-dir", getattr(args, "kv_offload_dir", None)),
+                                          ("--kv-offload-gib", getattr(args, "kv_offload_gib", None)),
+                                          ("--kv-offload-write-policy", getattr(args, "kv_offload_write_policy", None)))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} need --kv-offload host or --kv-offload disk")
+        return None
+    size = args.kv_offload_gib if args.kv_offload_gib is not None else 4.0
+    return KVOffloadConfig(kind, size_gib=size, directory=args.kv_offload_dir,
+                           write_policy=args.kv_offload_write_policy, restore=args.kv_offload_restore)
 
 
 def _branching(text: str) -> tuple[int, ...]:
