@@ -3,11 +3,12 @@
 Rows: the C++ extension (`gguf_cpu.cpp`), torch's packed int4 kernel with the Q4_1 blocks mapped exactly (scale d,
 zero m + 8 d, float32 activations: the only exact mapping), the same kernel in its fast form (bfloat16
 activations and scales: not exact, shown for what it costs), the reference (dequantize, then ``F.linear``),
-oneDNN's packed float32 product (the ``auto`` weights) and the dequantize-then-GEMM path the layer takes past
-``DIRECT_ROWS`` rows. Each is timed over all 30 layers' distinct weights in turn (a decode step's access pattern:
-the 66 MB of Q4_1 blocks do not fit the cache), best of ``--reps``, at 1-8 activation rows.
+oneDNN's packed float32 product (the ``auto`` weights) and dequantize-then-GEMM (what the fallbacks do past
+``DIRECT_ROWS`` rows; the C++ product beat it at every row count). Each is timed over all 30 layers' distinct
+weights in turn (a decode step's access pattern: the 66 MB of Q4_1 blocks do not fit the cache), best of
+``--reps``, at 1 to a few hundred activation rows (``--rows``).
 
-    .venv/bin/python benchmarks/bench_gguf_cpu.py [--threads 2] [--rows 1,2,4,6,8] [--reps 5] [--layers 30]
+    .venv/bin/python benchmarks/bench_gguf_cpu.py [--threads 2] [--rows 1,2,4,8,64,512] [--reps 5] [--layers 30]
 
 Prints milliseconds per 120 decoder products (and per LM head product) and GB/s of weight bytes read.
 """
@@ -75,7 +76,7 @@ def products(layers: list[dict], rows: int, reps: int, skip_slow: bool) -> dict[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rows", default="1,2,4,6,8")
+    parser.add_argument("--rows", default="1,2,4,8,64,512")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--layers", type=int, default=30)
     args = parser.parse_args()
@@ -93,7 +94,7 @@ def main() -> None:
     block_bytes = sum(layer["blocks"].numel() for layer in layers)
     print(f"{os.cpu_count()} cores, {args.threads} threads, extension {status.vector_path}, load "
           f"{os.getloadavg()[0]:.2f}; {len(layers)} products over {block_bytes / 1e6:.1f} MB of Q4_1 blocks; "
-          f"DIRECT_ROWS = {DIRECT_ROWS}")
+          f"the fallbacks' DIRECT_ROWS = {DIRECT_ROWS}")
     for rows in (int(r) for r in args.rows.split(",")):
         timings = products(layers, rows, args.reps, skip_slow=rows > 1)
         for name, ms in timings.items():

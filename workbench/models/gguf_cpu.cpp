@@ -67,6 +67,7 @@ using Vec = __m512;  // 16 floats: a block is two vectors
 constexpr int kLanes = 16;
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
@@ -94,6 +95,7 @@ using Vec = __m256;  // 8 floats: a block is four vectors
 constexpr int kLanes = 8;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline float vsum(Vec v) {
@@ -125,6 +127,7 @@ struct Vec {  // the portable path: one float per "vector"
 constexpr int kLanes = 1;
 inline Vec vzero() { return {0.0f}; }
 inline Vec vload(const float* p) { return {*p}; }
+inline void vstore(float* p, Vec v) { *p = v.v; }
 inline Vec vfma(Vec a, Vec b, Vec c) { return {a.v * b.v + c.v}; }
 inline Vec vadd(Vec a, Vec b) { return {a.v + b.v}; }
 inline float vsum(Vec v) { return v.v; }
@@ -245,8 +248,16 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t in_fe
   float* op = out.data_ptr<float>();
   const int64_t bytes = block_bytes(kind);
   at::parallel_for(0, n, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t r = n0; r < n1; ++r)
-      for (int64_t b = 0; b < nb; ++b) block_weights(wp + r * ldw + b * bytes, kind, op + r * in_features + b * kBlock);
+    Vec wv[kVecs];
+    for (int64_t r = n0; r < n1; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = wp + r * ldw + b * bytes;
+        if (kind == kQ41) weights_q41(blk, wv);
+        else weights_q80(blk, wv);
+        float* dst = op + r * in_features + b * kBlock;
+        for (int i = 0; i < kVecs; ++i) vstore(dst + i * kLanes, wv[i]);
+      }
+    }
   });
   return out;
 }

@@ -8,7 +8,7 @@ before attention; output product, residual, norm, gate/up product, SiLU, down pr
 so a layer is two calls and the attention backend's own work. Attention stays the backend's: the KV cache, paged
 or contiguous, is not this module's business.
 
-Used by `LlamaModel.forward_with_taps` for float32 CPU batches of at most `gguf_linear.DIRECT_ROWS` rows when
+Used by `LlamaModel.forward_with_taps` for float32 CPU batches of at most `FUSED_ROWS` rows when
 every decoder layer is a `GGUFLinear` on the C++ product without biases (`eligible`), and never in batch-invariant
 mode (a decode row must round as it would inside a prefill there). Larger batches take the plain forward, whose
 products dequantize once per call and run a GEMM.
@@ -20,10 +20,14 @@ import torch
 import torch.nn.functional as F
 
 from workbench.models.attention import AttentionBackend
-from workbench.models.gguf_linear import DIRECT_ROWS, GGUFLinear
+from workbench.models.gguf_linear import GGUFLinear
 from workbench.models.row_invariant import products_are_row_invariant
 
 _PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# Rows up to which a forward takes the C++ layers. Past a few rows what the fused halves save (the ~25 operators'
+# dispatch per layer, a fixed cost) is smaller than what their scalar SiLU costs (an exponential per element,
+# where PyTorch's is vectorised): the plain forward, with the same C++ products, serves prefill chunks.
+FUSED_ROWS = 6
 
 
 def eligible(model) -> bool:
@@ -38,7 +42,7 @@ def eligible(model) -> bool:
 
 def runs_here(model, x: torch.Tensor) -> bool:
     """Whether a forward over activations ``x`` (after the embedding) takes this path."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[0] > DIRECT_ROWS:
+    if x.device.type != "cpu" or x.dtype != torch.float32 or x.shape[0] > FUSED_ROWS:
         return False
     if getattr(model, "cpu_block_layers", False) is None:  # GGUF weights, not yet checked on this device
         model.cpu_block_layers, model._block_layer_lists = eligible(model), None

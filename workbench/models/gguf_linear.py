@@ -17,8 +17,8 @@ head keeps referring to the float table as ``lm_head.weight``.
 
 The product by device: CUDA runs the Triton kernel (`workbench_kernels.gguf_matmul`); the CPU runs the
 C++ extension, torch's packed int4 kernel or the reference, whichever `workbench.models.gguf_cpu.cpu_product`
-picks. Over many rows (a prefill) the CPU dequantizes the blocks once per call and runs a float GEMM instead:
-the blocks' bytes are no longer what the product waits on there.
+picks. The C++ product serves prefills too: converting each block once per 4 rows in registers, it ran faster
+than dequantizing the layer and calling a float GEMM at every row count measured (`DIRECT_ROWS`).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from workbench_kernels.gguf_matmul import FORMATS, dequantize_blocks, gguf_matmu
 GGUF_WEIGHT_FORMATS = ("q4_1", "q8_0")
 # The block format of the decoder's linear layers and of the LM head in each weight format.
 LAYOUT = {"q4_1": ("q4_1", "q8_0"), "q8_0": ("q8_0", "q8_0")}
-# Rows up to which the CPU multiplies the blocks directly; above, dequantize once and run a float GEMM. Measured
-# by `benchmarks/bench_gguf_cpu.py` (AVX-512 host, 2 threads): the C++ product costs ~M times its one-row time,
-# the GEMM path a fixed dequantization plus the GEMM; they cross between 4 and 8 rows.
+# Rows up to which torch's int4 kernel (the fallback) multiplies the blocks; above, dequantize once and run a float
+# GEMM. The C++ product needs no such limit: it beat dequantize + GEMM at every row count measured, 4 to 2,048
+# (`benchmarks/bench_gguf_cpu.py`; one thread, AVX-512 host: 1.5 against 2.0-10 ms of CPU per row over the 120
+# decoder products), since each block is converted once per 4 rows and multiplied at near the FMA peak.
 DIRECT_ROWS = 6
 
 
@@ -113,17 +114,11 @@ class GGUFLinear(nn.Module):
 
     def _cpu_product(self, rows: torch.Tensor) -> torch.Tensor:
         path = self.path
-        # Batch-invariant mode needs every row computed the same way whatever the batch: the direct product
-        # treats each row alike at any M, a GEMM does not.
-        if path == "cpp" and (rows.shape[0] <= DIRECT_ROWS or products_are_row_invariant()):
+        if path == "cpp":  # any number of rows; each row's arithmetic is the same whatever its batch
             return gguf_cpu.cpp_linear(rows, self.blocks, self.kind)
-        if path == "int4pack" and rows.shape[0] <= DIRECT_ROWS:
+        if path == "int4pack" and rows.shape[0] <= DIRECT_ROWS and not products_are_row_invariant():
             return gguf_cpu.int4pack_linear(rows, self._int4pack)
-        if path == "cpp":
-            weight = gguf_cpu.cpp_dequantize(self.blocks, self.kind, self.in_features)
-        else:
-            weight = self.dequantized_weight()
-        return F.linear(rows, weight)
+        return F.linear(rows, self.dequantized_weight())
 
 
 def _replace(parent: nn.Module, name: str, module: nn.Module) -> None:
