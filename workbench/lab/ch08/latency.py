@@ -79,11 +79,12 @@ class TokenLatency:
         slow = float((self.tpot_ms > itl).mean())
         long_gaps = float((self.itl_ms > itl).mean())
         order = "above" if tpot > itl else "below"
+        why = (" The requests that decoded during the burst have many long gaps each, so they fill the top of the "
+               "per-request distribution, yet they own a small share of all gaps" if tpot > itl else
+               " Here the long gaps are spread over many requests, and averaging dilutes them")
         return (f"p{q * 100:.0f} TPOT {tpot:.1f} ms is {order} p{q * 100:.0f} ITL {itl:.1f} ms: {slow:.0%} of the "
-                f"{len(self.tpot_ms)} requests average more than {itl:.1f} ms per token, while only {long_gaps:.0%} "
-                f"of the {len(self.itl_ms)} gaps are that long. The requests that decoded during the burst have "
-                "many long gaps each, so they fill the top of the per-request distribution, yet they own a small "
-                "share of all gaps")
+                f"{len(self.tpot_ms)} requests average more than {itl:.1f} ms per token, while {long_gaps:.0%} "
+                f"of the {len(self.itl_ms)} gaps are that long.{why}")
 
 
 def token_latency(run: DashboardRun) -> TokenLatency:
@@ -127,8 +128,11 @@ class PrefillCost:
     def rise_reading(self) -> str:
         """How the per-token prefill cost changes with the prompt, read from the direct measurements."""
         f = self.frame["ms_per_token"]
+        rises = bool(f.iloc[-1] > f.iloc[-2] * (1 + TIMING_FLOOR))
         return (f"the direct cost per prompt token goes {' → '.join(f'{v:.2f}' for v in f)} ms at "
-                f"{' / '.join(f'{n:,}' for n in f.index)} tokens: attention's share of a prefill grows with its length")
+                f"{' / '.join(f'{n:,}' for n in f.index)} tokens"
+                + (": it rises at the long end, where attention's share of a prefill grows" if rises else
+                   ": no clear rise at the long end in this run (within the timing noise)"))
 
     def baseline(self, batch16_ms: float | None = None) -> Baseline:
         return Baseline(chapter="ch08", machine=self.machine, dtype=self.dtype,
