@@ -181,7 +181,7 @@ class Evidence:
         if self.unit == "x":
             return f"{value:.2f}x"
         if self.unit == "%":
-            return f"{value:.0%}"
+            return f"{value:.0%}" if abs(value) >= 0.1 or value == 0 else f"{value:.2%}"
         if self.unit == "pts":
             return f"{100 * value:+.0f} points"
         return f"{value:.3g}{(' ' + self.unit) if self.unit else ''}"
