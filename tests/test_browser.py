@@ -179,3 +179,71 @@ def test_chapter2_runs_and_renders_in_chromium(page):
     panel.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)  # let plotly finish its transition before the picture
     page.screenshot(path=str(ARTIFACTS / "ch02_browser.png"))
+
+
+# A panel whose measurement is silent for 4 s (pure Python, as the engine's loop is), and the wall-clock time its
+# refresh began, so the page's clock and the kernel's (one machine) can be compared.
+_SLOW_PANEL = '''import time
+import ipywidgets as widgets
+from workbench.lab.kit.panel import LabPanel
+
+
+class SlowPanel(LabPanel):
+    def __init__(self):
+        self.n = widgets.IntSlider(value=1, description="n")
+        super().__init__([self.n], [])
+
+    def refresh(self):
+        self.started_at = time.time()
+        super().refresh()
+
+    def measure(self):
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            sum(range(2000))
+        return self.n.value
+
+    def draw(self):
+        self.status.value = f"measured {self.result}"'''
+# Not awaited: the command's promise settles only when the cell has finished.
+_RUN_CELL = ("i => { const panel = window.jupyterapp.shell.currentWidget; panel.content.activeCellIndex = i;"
+             " window.__running = window.jupyterapp.commands.execute('notebook:run-cell'); }")
+_CELL_DONE = ("i => { const panel = window.jupyterapp.shell.currentWidget;"
+              " return panel.content.widgets[i].model.executionCount !== null"
+              " && panel.sessionContext.session.kernel.status === 'idle'; }")
+
+
+def test_a_panel_shows_it_started_within_a_second(browser, lab_server):
+    """The review's first display: the output area stayed empty under [*] for 8-60 s. Now the controls and a lit
+    progress line must be on screen within a second of the panel starting, its clock must tick while the work
+    is silent, and the bar must end green."""
+    _, _, root = lab_server
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(_SLOW_PANEL),
+                                               nbformat.v4.new_code_cell("slow = SlowPanel()\nslow"),
+                                               nbformat.v4.new_code_cell("print(repr(slow.started_at))")])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(notebook, root / "feedback.ipynb")
+    page = _open(browser, lab_server, root / "feedback.ipynb")
+    try:
+        page.evaluate(_RUN_CELL, 0)
+        page.wait_for_function(_CELL_DONE, arg=0, timeout=180_000, polling=200)
+        page.evaluate(_RUN_CELL, 1)
+        lit = ("() => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[1].node;"
+               " const label = [...cell.querySelectorAll('.widget-label')].map(e => e.textContent).join(' ');"
+               " if (cell.querySelector('.widget-hprogress') && label.includes('measuring')) {"
+               " window.__seen = window.__seen || Date.now(); window.__labels = (window.__labels || new Set());"
+               " window.__labels.add(label); }"
+               " return window.__labels && window.__labels.size >= 2; }")
+        page.wait_for_function(lit, timeout=60_000, polling=50)  # lit, then its clock ticked once at least
+        page.wait_for_function(_CELL_DONE, arg=1, timeout=120_000, polling=200)
+        done = page.evaluate("() => { const cell = window.jupyterapp.shell.currentWidget.content.widgets[1].node;"
+                             " return [cell.querySelector('.widget-hprogress .progress-bar').className,"
+                             " [...cell.querySelectorAll('.widget-label')].map(e => e.textContent).join(' ')]; }")
+        page.evaluate(_RUN_CELL, 2)
+        page.wait_for_function(_CELL_DONE, arg=2, timeout=60_000, polling=200)
+        started_at = float(page.locator(".jp-Cell").nth(2).locator(".jp-OutputArea-output").inner_text())
+        seen_after_ms = page.evaluate("() => window.__seen") - started_at * 1000
+        assert seen_after_ms < 1000, f"the progress line appeared {seen_after_ms:.0f} ms after the panel started"
+        assert "progress-bar-success" in done[0] and "done · " in done[1], done
+    finally:
+        page.close()
