@@ -110,9 +110,9 @@ def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: 
             "Routing requests to the server whose cache is warm for their prefix gives hit rates far above what "
             "random routing gives, even across a multi-server deployment (chapter 5).",
             f"{ca.tenants} tenants x {n} users on {replicas} replicas, fleet hit rate (tokens, from each replica's "
-            f"/metrics): {rates}, so cache_aware {ratio:.1f}x the best cache-blind policy (the system-prompt share "
-            f"a cache-blind router can reach is at most (N-R)/N of cache_aware's (N-1)/N: {bound:.2f}x apart with "
-            f"N = {n} requests per tenant and R = {replicas} replicas); each tenant's prompt was computed "
+            f"/metrics): {rates}, so cache_aware {ratio:.1f}x the best cache-blind policy (of the system prompts' "
+            f"tokens a cache-blind router reads at most (N-R)/N and cache_aware (N-1)/N, at most {bound:.2f}x apart "
+            f"with N = {n} requests per tenant and R = {replicas} replicas); each tenant's prompt was computed "
             f"{misses['cache_aware']:.1f} times with cache_aware, {misses['round_robin']:.1f} with round_robin",
             Evidence.exact("hit rate, cache_aware minus the best cache-blind policy", ca.hit_rate - best_blind, 0.0,
                            n=ca.n, n_label=f"{ca.n} requests (token counters)", unit="pts"),
