@@ -116,7 +116,7 @@ def main() -> None:
     medians = {key: {n: round(statistics.median(samples[n][key]), 1) for n in engines}
                for key in ("decode", "prefill")}
     machine = describe_cpu()
-    print(f"\n{machine}; {args.threads} threads; {gguf.name}; load average before each round: "
+    print(f"\n{machine}; {gguf.name}; load average before each round: "
           f"{', '.join(f'{x:.2f}' for x in loads)}")
     print(f"| engine | decode tokens/s (tg{args.decode_tokens}), median (min-max) | vs llama.cpp | prefill tokens/s "
           f"(pp{args.prompt_tokens}) | vs llama.cpp |\n|---|---|---|---|---|")
