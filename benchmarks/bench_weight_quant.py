@@ -1,11 +1,12 @@
 """Weight formats x KV-cache formats on the real model, side by side in one run: memory, speed, quality.
 
 Rows: fp32 weights and int8 weights (every decoder linear layer, per-output-channel scales), each with every KV
-format; int8 weights with the LM head quantized too; and a bfloat16 model (the usual GPU baseline). Columns:
+format; int8 weights with the LM head quantized too; the GGUF file's own Q4_1 blocks and Q8_0 blocks
+(`workbench.models.gguf_linear`); and a bfloat16 model (the usual GPU baseline). Columns:
 weight bytes, KV bytes per token, KV blocks and max concurrency at 1 GiB, batch-1 decode tokens/s, 32-request
 throughput, and quality against fp32 weights + fp32 cache: KL, top-1 agreement and perplexity on the held-out
-text, long-context recall. Batch-1 decode fp32 vs int8 is also measured in alternating rounds (the goal: >= 1.5x
-with top-1 agreement >= 0.95). Writes the table to datasets/eval/quant_sweep.json for chapter 6's notebook.
+text, long-context recall. Batch-1 decode fp32 vs each quantized format is also measured in alternating rounds
+(int8's goal: >= 1.5x with top-1 agreement >= 0.95). Writes the table to datasets/eval/quant_sweep.json for chapter 6's notebook.
 
     .venv/bin/python benchmarks/bench_weight_quant.py [--batch1 | --micro] [--rounds 5]
         [--recall-per-length 2] [--no-write]
@@ -103,6 +104,11 @@ def micro_table(rows: tuple[int, ...] = (1, 8, 32)) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
+# The quantized weight formats beside fp32: int8 per channel (decoder; + head), the GGUF file's own Q4_1 blocks
+# (exact to fp32) and Q8_0 blocks (`workbench.models.gguf_linear`).
+QUANTIZED = ("int8", "int8_all", "q4_1", "q8_0")
+
+
 def alternating_decode(models: dict, tokenizer, rounds: int) -> dict[str, list[float]]:
     """Batch-1 decode tokens/s of each model, in alternating rounds so load drifts hit all alike."""
     runs: dict[str, list[float]] = {name: [] for name in models}
@@ -114,9 +120,9 @@ def alternating_decode(models: dict, tokenizer, rounds: int) -> dict[str, list[f
 
 def batch1_summary(models: dict, tokenizer, rounds: int) -> dict:
     """The goal's numbers: batch-1 decode rounds, median int8 / fp32 ratios, and each format's top-1 and KL."""
-    decode = alternating_decode({k: models[k] for k in ("fp32", "int8", "int8_all")}, tokenizer, rounds)
+    decode = alternating_decode({k: models[k] for k in ("fp32", *QUANTIZED)}, tokenizer, rounds)
     summary: dict = {"decode_rounds": decode}
-    for name in ("int8", "int8_all"):
+    for name in QUANTIZED:
         summary[f"{name}_over_fp32_median"] = statistics.median(
             b / a for a, b in zip(decode["fp32"], decode[name], strict=True))
     return summary
@@ -125,7 +131,7 @@ def batch1_summary(models: dict, tokenizer, rounds: int) -> dict:
 def batch1_quality(models: dict, tokenizer) -> dict:
     ids = heldout_ids(tokenizer)
     reference = logits_through_cache(models["fp32"], ids, "auto")
-    return {name: quality_row(models[name], tokenizer, "auto", reference, ids) for name in ("int8", "int8_all")}
+    return {name: quality_row(models[name], tokenizer, "auto", reference, ids) for name in QUANTIZED}
 
 
 def sweep(models: dict, tokenizer, recall_per_length: int) -> pd.DataFrame:
@@ -146,7 +152,7 @@ def print_batch1(summary: dict) -> None:
     rounds = summary["decode_rounds"]
     print("batch-1 decode tokens/s, alternating rounds: "
           + "; ".join(f"{k} " + " / ".join(f"{v:.1f}" for v in runs) for k, runs in rounds.items()))
-    for name in ("int8", "int8_all"):
+    for name in QUANTIZED:
         line = f"{name} / fp32 median {summary[f'{name}_over_fp32_median']:.2f}x"
         if name in summary.get("quality", {}):
             q = summary["quality"][name]
@@ -168,8 +174,7 @@ def main() -> None:
         print(json.dumps({"benchmark": "weight_quant_micro", "rows": table.to_dict(orient="records")}))
         return
     fp32, tokenizer = workbench.load_model(device="cpu")
-    models = {"fp32": fp32, "int8": workbench.load_model(device="cpu", weights="int8")[0],
-              "int8_all": workbench.load_model(device="cpu", weights="int8_all")[0]}
+    models = {"fp32": fp32, **{name: workbench.load_model(device="cpu", weights=name)[0] for name in QUANTIZED}}
     if args.batch1:
         summary = batch1_summary(models, tokenizer, args.rounds)
         summary["quality"] = batch1_quality(models, tokenizer)

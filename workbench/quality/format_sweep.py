@@ -44,7 +44,7 @@ DECODE_PROMPT = "The history of the printing press"
 def config_label(weights: str, kv_format: str, dtype: str = "float32") -> str:
     """'int8 weights, fp8_e4m3 KV' and the like, for tables and legends."""
     names = {"auto": "fp32 weights" if dtype == "float32" else f"{dtype} weights", "int8": "int8 weights",
-             "int8_all": "int8 weights + head"}
+             "int8_all": "int8 weights + head", "q4_1": "GGUF Q4_1 weights", "q8_0": "GGUF Q8_0 weights"}
     return f"{names[weights]}, {kv_format} KV"
 
 
