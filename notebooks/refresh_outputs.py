@@ -47,8 +47,29 @@ def kernelspec_metadata(name: str = KERNEL) -> dict[str, str]:
     return {"display_name": spec.display_name, "language": spec.language, "name": name}
 
 
+CHECK_MARKER = "# NBVAL_CHECK_OUTPUT"
+CHECK_TAG = "nbval-check-output"  # nbval reads a cell's tags as it reads its marker comments
+
+
+def tag_checked_cells(nb) -> int:
+    """Move nbval's ``# NBVAL_CHECK_OUTPUT`` comment out of the code a learner reads into the cell's tags, where
+    nbval finds it the same way; returns how many cells moved."""
+    moved = 0
+    for cell in nb.cells:
+        lines = cell.source.splitlines()
+        if cell.cell_type != "code" or not any(line.strip() == CHECK_MARKER for line in lines):
+            continue
+        cell.source = "\n".join(line for line in lines if line.strip() != CHECK_MARKER)
+        tags = cell.metadata.setdefault("tags", [])
+        if CHECK_TAG not in tags:
+            tags.append(CHECK_TAG)
+        moved += 1
+    return moved
+
+
 def refresh(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
+    tag_checked_cells(nb)
     os.environ["WORKBENCH_REQUIRE_PNG"] = "1"  # inherited by the kernel
     client = NotebookClient(nb, timeout=600, kernel_name=KERNEL, record_timing=False, store_widget_state=False,
                             resources={"metadata": {"path": str(HERE)}})
