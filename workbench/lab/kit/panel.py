@@ -38,7 +38,7 @@ from workbench.lab.kit.progress import Progress
 from workbench.lab.kit.stored import figure_bundle, html_bundle, table_bundle
 from workbench.lab.kit.threads import ThreadChoice, adapt_threads
 
-LIVE_CONTROLS_NOTE = "[live controls: run this notebook in JupyterLab to change them]"
+LIVE_CONTROLS_NOTE = "[live controls: run this cell in JupyterLab to get them]"
 RERUN_NOTE = "re-measuring with the new settings: the numbers and figures below are the previous run's"
 # The machine (fewer threads, a busy run) is reported in the status line only for measurements this long: a
 # quick computation's timing is not what its panel shows.
