@@ -54,7 +54,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--no-stream", action="store_true", help="ask for whole responses (TTFT = e2e)")
     load.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     out = parser.add_argument_group("output")
-    out.add_argument("--slo", default=None, help="goodput objectives in ms, e.g. ttft=500,tpot=50")
+    out.add_argument("--slo", default=None,
+                     help="service-level objectives (SLOs: latency targets a request must meet to count towards "
+                          "goodput), in ms, e.g. ttft=500,tpot=50")
     out.add_argument("--output", default=None, help="per-request rows to this .csv or .json")
     out.add_argument("--percentiles", default="50,90,99",
                      help="latency percentiles to report, e.g. 50,90,99,99.9 (vLLM's --metric-percentiles)")
