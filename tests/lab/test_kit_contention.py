@@ -190,3 +190,27 @@ def test_chapter2_on_a_quiet_core_does_not_cry_busy(real_model, tokenizer):
     if all(before > 0.3 or after > 0.3 for _, before, after, _ in tries):
         pytest.skip(f"every try found other processes on its core (core, used before, used after): {tries}")
     raise AssertionError(f"the signal fired on a quiet core: {tries}")
+
+
+def test_a_panel_s_same_work_timings_feed_its_busy_signal():
+    import ipywidgets as widgets
+
+    from workbench.lab.kit.panel import LabPanel
+
+    class TwoPrefills(LabPanel):
+        def __init__(self, first_s: float, second_s: float):
+            self.times = (first_s, second_s)
+            super().__init__([widgets.IntSlider()], [])
+
+        def measure(self):
+            return self.times
+
+        def draw(self):
+            self.status.value = "two prefills"
+
+        def same_work(self):
+            return [("the prefill of 74 tokens", *self.result)]
+
+    assert TwoPrefills(1.621, 4.918).run().contention.disagreements() == [
+        ("the prefill of 74 tokens", pytest.approx(4.918 / 1.621))]
+    assert not TwoPrefills(1.62, 1.70).run().contention.disagreements()

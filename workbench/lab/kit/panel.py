@@ -89,6 +89,12 @@ class LabPanel:
     def draw(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def same_work(self) -> list[tuple[str, float, float]]:
+        """Timings of identical work inside the last measurement, as (what, seconds, seconds), e.g. the same
+        prompt's prefill in both arms of a comparison: folded into ``contention``, whose busy signal fires when
+        they disagree by more than `workbench.lab.kit.contention.AGREEMENT`. None by default."""
+        return []
+
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         """(caption, frame) pairs stored under the figures; the same number every time for a given panel."""
         return []
@@ -133,6 +139,8 @@ class LabPanel:
                     self._result = self.measure()
             self.contention = watched.contention
             self.measured = True
+            for what, first_s, second_s in self.same_work():
+                self.contention = self.contention.same_work(what, first_s, second_s)
             self.redraw()
         except BaseException as error:
             self.progress.fail(error)
