@@ -143,3 +143,19 @@ def test_the_clock_thread_stops_with_the_panel():
     before = {t.name for t in threading.enumerate()}
     SilentPanel(seconds=1.2).run()
     assert "progress-clock" not in {t.name for t in threading.enumerate()} - before
+
+
+def test_a_subtitle_names_the_threads_the_measurement_ran_on(monkeypatch):
+    import torch
+
+    from workbench.lab.kit.figures import style
+    from workbench.lab.kit.panel import relabel_threads
+
+    fig = style(go.Figure(), "Each new token", "measured on CPU (2 threads) · float32 · SmolLM2-135M-Instruct")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        relabel_threads(fig)
+        assert fig.layout.title.subtitle.text == "measured on CPU (1 thread) · float32 · SmolLM2-135M-Instruct"
+    finally:
+        torch.set_num_threads(threads)

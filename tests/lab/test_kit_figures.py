@@ -59,3 +59,11 @@ def test_the_stored_bundle_is_readable_and_the_panel_s_figure_untouched():
     spec = figure_bundle(fig, png=False)[PLOTLY_MIME]
     assert spec["layout"]["yaxis"]["dtick"] == "D2" and spec["data"][0]["cliponaxis"] is False
     assert fig.layout.yaxis.dtick is None and fig.data[0].cliponaxis is None
+
+
+def test_a_y_title_longer_than_the_plot_is_high_wraps():
+    fig = style(go.Figure(go.Scatter(x=[1, 2], y=[3, 4])), "t", "s", height=420)
+    fig.update_yaxes(title_text="first step that differs from the prompt alone")  # ch10's, cut at both ends
+    assert readable(fig).layout.yaxis.title.text == "first step that differs<br>from the prompt alone"
+    fig.update_yaxes(title_text="step time (ms)")
+    assert readable(fig).layout.yaxis.title.text == "step time (ms)"

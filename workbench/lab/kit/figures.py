@@ -50,6 +50,7 @@ LINE_PX = 18
 # The legend's top this far below the plotting area: under the x tick labels and the axis title, so rows that
 # wrap on a narrow screen grow downwards instead of up into the title.
 LEGEND_GAP_PX = 75
+TITLE_CHAR_PX = 7.5  # a 14 px axis title's average character width
 
 
 def readable(fig: go.Figure) -> go.Figure:
@@ -59,6 +60,8 @@ def readable(fig: go.Figure) -> go.Figure:
     out = go.Figure(fig)
     for name in _axis_names(out):
         _log_ticks(out, name)
+        if name.startswith("yaxis"):
+            _wrap_y_title(out, name)
     for item in out.data:
         if item.type == "scatter" and item.mode and "text" in item.mode and item.cliponaxis is None:
             item.cliponaxis = False
@@ -106,6 +109,22 @@ def _numbers(data) -> list:
     if isinstance(data, dict) and "bdata" in data:
         return np.frombuffer(base64.b64decode(data["bdata"]), dtype=data["dtype"]).tolist()
     return list(np.asarray(data, dtype=object).ravel())
+
+
+def _wrap_y_title(fig: go.Figure, name: str) -> None:
+    """Break a y-axis title longer than the plot is high into two lines (ch10's "first step that differs from
+    the prompt alone" ran off both ends)."""
+    title = fig.layout[name].title
+    text = title.text if title else None
+    margin = fig.layout.margin
+    plot_px = (fig.layout.height or 450) - (margin.t or 100) - (margin.b or 80)
+    if not text or "<br>" in text or len(text) * TITLE_CHAR_PX <= plot_px:
+        return
+    middle = len(text) // 2
+    spaces = [i for i, ch in enumerate(text) if ch == " "]
+    if spaces:
+        cut = min(spaces, key=lambda i: abs(i - middle))
+        fig.layout[name].title.text = f"{text[:cut]}<br>{text[cut + 1:]}"
 
 
 def _wrap_subtitle(fig: go.Figure) -> None:

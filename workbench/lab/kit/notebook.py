@@ -44,7 +44,8 @@ def device_label(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return f"CUDA {torch.cuda.get_device_name(device)}"
-    return f"CPU ({torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    return f"CPU ({threads} thread{'' if threads == 1 else 's'})"
 
 
 def device_memory_bytes(device: torch.device | str) -> int:

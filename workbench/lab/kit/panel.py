@@ -30,10 +30,10 @@ from typing import Any
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
-import torch
 from IPython.display import display
 
 from workbench.lab.kit.contention import Contention, watch
+from workbench.lab.kit.notebook import device_label
 from workbench.lab.kit.progress import Progress
 from workbench.lab.kit.stored import figure_bundle, html_bundle, table_bundle
 from workbench.lab.kit.threads import ThreadChoice, adapt_threads
@@ -43,7 +43,7 @@ RERUN_NOTE = "re-measuring with the new settings: the numbers and figures below 
 # The machine (fewer threads, a busy run) is reported in the status line only for measurements this long: a
 # quick computation's timing is not what its panel shows.
 BUSY_REPORT_MIN_S = 1.0
-THREADS_LABEL = re.compile(r"CPU \(\d+ threads\)")  # as workbench.lab.kit.notebook.device_label writes it
+THREADS_LABEL = re.compile(r"CPU \(\d+ threads?\)")  # as workbench.lab.kit.notebook.device_label writes it
 
 
 class StatusLine:
@@ -232,7 +232,7 @@ def relabel_threads(fig: go.Figure) -> None:
     title = fig.layout.title
     text = title.subtitle.text if title and title.subtitle else None
     if text and THREADS_LABEL.search(text):
-        fig.layout.title.subtitle.text = THREADS_LABEL.sub(f"CPU ({torch.get_num_threads()} threads)", text)
+        fig.layout.title.subtitle.text = THREADS_LABEL.sub(device_label("cpu"), text)
 
 
 def dimmed(fig: go.Figure) -> go.Figure:
