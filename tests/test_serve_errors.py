@@ -41,7 +41,8 @@ CASES = [
      400, ["maximum context length is 8192 tokens", "you requested 8201 tokens"], "prompt"),
     ("max_tokens past the context", COMPLETIONS, _completion(max_tokens=9000),
      400, ["maximum context length is 8192 tokens", "9000 max_tokens"], "max_tokens"),
-    ("max_tokens zero", COMPLETIONS, _completion(max_tokens=0), 400, ["max_tokens must be >= 1, got 0"], "max_tokens"),
+    ("max_tokens zero", COMPLETIONS, _completion(max_tokens=0), 400, ["max_tokens must be >= 1 (0 only with echo"],
+     "max_tokens"),
     ("max_tokens wrong type", COMPLETIONS, _completion(max_tokens="ten"), 400, ["max_tokens", "integer", "ten"],
      "max_tokens"),
     ("temperature too high", COMPLETIONS, _completion(temperature=2.5), 400, ["temperature must be in [0, 2], got 2.5"],
@@ -90,7 +91,9 @@ CASES = [
      "stop"),
     ("whitespace prompt", COMPLETIONS, _completion(prompt="   "), 400, ["prompt must hold more than whitespace"],
      "prompt"),
-    ("a batch of two prompts", COMPLETIONS, _completion(prompt=["a", "b"]), 400, ["prompt takes at most 1 items"],
+    ("a batch past the limit", COMPLETIONS, _completion(prompt=["a"] * 65), 400, ["prompt takes at most 64 items"],
+     "prompt"),
+    ("too many sequences", COMPLETIONS, _completion(prompt=["a"] * 64, n=5), 400, ["asks for 320 sequences"],
      "prompt"),
 ]
 

@@ -45,7 +45,7 @@ def test_the_role_arrives_with_the_first_token(server):
     assert arrivals[1][0] - arrivals[0][0] < 0.05, [t - arrivals[0][0] for t, _ in arrivals]
 
 
-@pytest.mark.parametrize("field,value", [("logit_bias", {"5": 10.0}), ("prompt_logprobs", 1),
+@pytest.mark.parametrize("field,value", [("logit_bias", {"5": 10.0}), ("stream_interval", 4),
                                          ("tools", [{"type": "function", "function": {"name": "f"}}]),
                                          ("response_format", {"type": "json_object"}), ("use_beam_search", True),
                                          ("guided_choice", ["a", "b"])])
@@ -59,7 +59,7 @@ def test_vllm_fields_the_engine_does_not_do_are_refused_by_name(server, field, v
 def test_neutral_values_nulls_and_unknown_fields_are_served(server):
     """What a client that fills in every field sends: neutral values of vLLM's fields, explicit nulls, and a
     field neither OpenAI nor vLLM knows (ignored, as both do)."""
-    response = _chat(server, repetition_penalty=1.0, min_p=0.0, tools=[], skip_special_tokens=True, n=None,
+    response = _chat(server, repetition_penalty=1.0, min_p=0.0, tools=None, skip_special_tokens=True, n=None,
                      stream=None, temperature=None, logprobs=None, ignore_eos=None, stop=None, some_new_option=7)
     assert response.status_code == 200, response.text
     assert response.json()["choices"][0]["message"]["role"] == "assistant"

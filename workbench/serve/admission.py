@@ -21,7 +21,7 @@ import jinja2
 from workbench.config import SamplingParams
 from workbench.prompts import encode_prompt
 from workbench.serve.errors import APIError, from_value_error
-from workbench.serve.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, SamplingFields
+from workbench.serve.schemas import ChatMessage, CompletionRequest, SamplingFields
 
 # Chat messages as the tokenizer's chat template reads them.
 Messages = list[dict[str, str]]
@@ -49,28 +49,26 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
             stop_token_ids=tuple(request.stop_token_ids or ()), ignore_eos=request.ignore_eos, n=request.n,
             min_p=request.min_p, min_tokens=request.min_tokens, repetition_penalty=request.repetition_penalty,
             frequency_penalty=request.frequency_penalty, presence_penalty=request.presence_penalty,
-            include_stop_str_in_output=request.include_stop_str_in_output, logprobs=request.requested_logprobs)
+            include_stop_str_in_output=request.include_stop_str_in_output, logprobs=request.requested_logprobs,
+            prompt_logprobs=getattr(request, "requested_prompt_logprobs", request.prompt_logprobs))
     except ValueError as exc:
         raise from_value_error(exc) from exc
 
 
-def completion_prompt(request: CompletionRequest) -> str | list[int]:
-    """The one prompt of a completions request (a one-element batch is unwrapped; larger batches are refused)."""
+def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
+    """The prompts of a completions request: one, or each of a batch (texts or token-id lists)."""
     prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-        if len(prompt) != 1:
-            raise APIError(400, f"prompt holds {len(prompt)} prompts; this server takes one prompt per request",
-                           param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str) and not prompt:
-        raise APIError(400, "prompt must be non-empty text or a non-empty list of token ids", param="prompt")
-    if isinstance(prompt, list) and not prompt:
-        raise APIError(400, "prompt must be non-empty text or a non-empty list of token ids", param="prompt")
-    return prompt
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list) else [prompt]
+    for index, one in enumerate(prompts):
+        if not one:
+            where = f"prompt[{index}]" if len(prompts) > 1 else "prompt"
+            raise APIError(400, f"{where} must be non-empty text or a non-empty list of token ids", param="prompt")
+    return prompts
 
 
 def chat_messages(messages: list[ChatMessage] | None) -> Messages:
-    """Messages for the chat template; refuses an empty conversation or a message without text."""
+    """Messages for the chat template, with the fields vLLM hands it too (name, tool calls, reasoning); refuses
+    an empty conversation or a message without text."""
     if not messages:
         raise APIError(400, "messages must be a non-empty list of {role, content} objects", param="messages")
     out = []
@@ -78,7 +76,12 @@ def chat_messages(messages: list[ChatMessage] | None) -> Messages:
         if message.content is None and message.role != "assistant":
             raise APIError(400, f"messages[{index}] ({message.role}) has no content", param="messages")
         role = "system" if message.role == "developer" else message.role
-        out.append({"role": role, "content": message.text()})
+        entry: dict = {"role": role, "content": message.text()}
+        reasoning = message.reasoning if message.reasoning is not None else message.reasoning_content
+        extra = {"name": message.name, "tool_call_id": message.tool_call_id, "tool_calls": message.tool_calls,
+                 "reasoning": reasoning}
+        entry.update({key: value for key, value in extra.items() if value is not None})
+        out.append(entry)
     return out
 
 
@@ -87,20 +90,30 @@ def chat_messages(messages: list[ChatMessage] | None) -> Messages:
 _TOKENIZER_ERRORS = (TypeError, RuntimeError, jinja2.TemplateError)
 
 
-def tokenize(tokenizer, prompt: str | list[int] | Messages, *, add_generation_prompt: bool = True,
-             field: str = "prompt") -> list[int]:
-    """Token ids of raw text, of given ids (checked), or of messages through the chat template."""
+def tokenize(tokenizer, prompt: str | list[int] | Messages, *, template: dict | None = None,
+             add_special_tokens: bool = False, field: str = "prompt") -> list[int]:
+    """Token ids of raw text, of given ids (checked), or of messages through the chat template (``template``:
+    `ChatTemplateOptions.template_options`, default: add the generation prompt)."""
     try:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            if not getattr(tokenizer, "chat_template", None):
-                raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
-            text = tokenizer.apply_chat_template(prompt, add_generation_prompt=add_generation_prompt, tokenize=False)
-            return tokenizer(text, add_special_tokens=False)["input_ids"]
+            text = render_chat(tokenizer, prompt, template)
+            return tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+        if isinstance(prompt, str) and add_special_tokens:
+            encode_prompt(tokenizer, prompt, chat=False)  # its checks
+            return tokenizer(prompt, add_special_tokens=True)["input_ids"]
         return encode_prompt(tokenizer, prompt, chat=False)
     except ValueError as exc:  # the project's own checks: their messages name the value already
         raise APIError(400, str(exc), param=field) from exc
     except _TOKENIZER_ERRORS as exc:
         raise APIError(400, f"the {field} could not be tokenized ({type(exc).__name__}: {exc})", param=field) from exc
+
+
+def render_chat(tokenizer, messages: Messages, template: dict | None = None) -> str:
+    """The prompt text the chat template makes of ``messages`` (raises as ``tokenize`` maps)."""
+    template = {"add_generation_prompt": True} if template is None else template
+    if not getattr(tokenizer, "chat_template", None) and "chat_template" not in template:
+        raise APIError(400, "this model has no chat template: use /v1/completions", param="messages")
+    return tokenizer.apply_chat_template(messages, tokenize=False, **template)
 
 
 def check_vocabulary(ids: list[int], vocab_size: int, field: str) -> None:
@@ -142,10 +155,3 @@ def _context_exceeded(requested: int | None, num_prompt_tokens: int, max_context
                    f"max_tokens): shorten the {field} or lower max_tokens")
         param = field if num_prompt_tokens >= max_context else "max_tokens"
     return APIError(400, message, param=param, code="context_length_exceeded")
-
-
-def prompt_of(request: CompletionRequest | ChatCompletionRequest) -> tuple[str | list[int] | Messages, str]:
-    """The prompt to tokenize and the name of the field it came from."""
-    if isinstance(request, ChatCompletionRequest):
-        return chat_messages(request.messages), "messages"
-    return completion_prompt(request), "prompt"

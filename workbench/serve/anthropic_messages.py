@@ -162,14 +162,23 @@ def hosted_router(pipeline: Pipeline) -> APIRouter:
         if model not in models("openai") or body.stream or body.n != 1:
             raise APIError(400, f"this emulation takes one of {models('openai')}, stream=false and n=1; got "
                                 f"model={model!r}, stream={body.stream}, n={body.n}", param="model")
+        asked = {"logprobs": body.logprobs, "prompt_logprobs": body.prompt_logprobs is not None,
+                 "return_prompt_text": body.return_prompt_text}
+        for name, wanted in asked.items():
+            if wanted:
+                raise APIError(400, f"{name} is not part of this emulation's reply; use /v1/chat/completions",
+                               param=name)
         cache = openai.setdefault(body.prompt_cache_retention, OpenAICache(retention=body.prompt_cache_retention))
         found = []
         requested = body.requested_max_tokens or HOSTED_DEFAULT_MAX_TOKENS
         params = sampling_params(body, requested, 1, default_temperature=0.0)
         messages = chat_messages(body.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        job = Job(request_id, lambda tokenizer: tokenize(tokenizer, messages, field="messages"), params, requested,
-                  "messages", on_admit=lambda engine, ids: found.append(cache.request(ids, body.prompt_cache_key)))
+        template, special = body.template_options(), body.add_special_tokens
+        job = Job(request_id, lambda tokenizer: tokenize(tokenizer, messages, template=template,
+                                                         add_special_tokens=special, field="messages"),
+                  params, requested, "messages",
+                  on_admit=lambda engine, ids: found.append(cache.request(ids, body.prompt_cache_key)))
         got = await _whole_reply(pipeline, request, job)
         payload = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,
                    "choices": [{"index": 0, "message": {"role": "assistant", "content": got.texts[0]},

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from importlib.metadata import version as package_version
+from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -48,8 +49,10 @@ UNINSTRUMENTED_ROUTES = ("/metrics", "/health", "/version")
 
 def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, retain_finished: int = DEFAULT_RETAIN_FINISHED,
-               text_workers: int = DEFAULT_TEXT_WORKERS) -> FastAPI:
-    """An app serving ``engine`` as ``model_name``. The engine must have a tokenizer."""
+               text_workers: int = DEFAULT_TEXT_WORKERS, model_root: str | None = None) -> FastAPI:
+    """An app serving ``engine`` as ``model_name``. The engine must have a tokenizer. ``model_root``: where the
+    weights and tokenizer live (/v1/models' ``root``; default: the tokenizer's folder, else the model name)."""
+    model_root = model_root or _tokenizer_folder(engine.tokenizer)
     if engine.tokenizer is None:
         raise ValueError("the server needs an engine with a tokenizer (to apply chat templates and decode text)")
     if not model_name:
@@ -83,13 +86,16 @@ def create_app(engine: LLMEngine, *, model_name: str = "smollm2-135m", api_key: 
         app.add_middleware(ApiKeyGuard, api_key=api_key)  # the outermost: 401 before any other answer
     install_error_handlers(app)
     pipeline = Pipeline(loop, workers)
-    generator = Generator(pipeline, model_name)
+    generator = Generator(pipeline, model_name, model_root)
     v1 = APIRouter(prefix="/v1", route_class=GuardedRoute)
+    # vLLM's ModelCard: root is what `vllm bench serve` loads its tokenizer from when run without --model (the
+    # local checkpoint folder when there is one), permission an empty list, parent null for a base model.
+    model_card = {"id": model_name, "object": "model", "created": generator.created, "owned_by": "kv-workbench",
+                  "root": model_root or model_name, "parent": None, "max_model_len": max_context, "permission": []}
 
     @v1.get("/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": generator.created,
-                                            "owned_by": "kv-workbench", "max_model_len": max_context}]}
+        return {"object": "list", "data": [model_card]}
 
     @v1.post("/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -119,6 +125,12 @@ def _api_routes(routes: list) -> Iterator[APIRoute]:
             yield from _api_routes(route.original_router.routes)
 
 
+def _tokenizer_folder(tokenizer) -> str | None:
+    """The local folder the tokenizer was loaded from, if it was (transformers keeps it as name_or_path)."""
+    name = getattr(tokenizer, "name_or_path", None)
+    return str(Path(name).resolve()) if isinstance(name, str) and name and Path(name).is_dir() else None
+
+
 def workbench_version() -> str:
     return package_version("kv-workbench")
 
@@ -140,8 +152,9 @@ def _add_service_routes(app: FastAPI, loop: EngineLoop, generator: Generator) ->
         generator.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
-        tokens = await generator.tokenize(body)
-        return JSONResponse({"count": len(tokens), "max_model_len": generator.max_context, "tokens": tokens})
+        tokens, strings = await generator.tokenize(body)
+        return JSONResponse({"count": len(tokens), "max_model_len": generator.max_context, "tokens": tokens,
+                             "token_strs": strings})
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.serve.schemas import allowed_range
+from workbench.serve.vllm_fields import FieldRefused
 
 log = logging.getLogger("workbench.serve")
 
@@ -65,7 +66,7 @@ class ClientGone(Exception):
 
 
 # Exceptions that have a handler of their own below.
-_HANDLED = (APIError, ClientGone, ValueError, RequestValidationError, StarletteHTTPException)
+_HANDLED = (APIError, FieldRefused, ClientGone, ValueError, RequestValidationError, StarletteHTTPException)
 
 
 def error_body(message: str, type_: str = INVALID_REQUEST, param: str | None = None,
@@ -173,6 +174,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(request, exc.status, exc.message, param=exc.param, code=exc.code, type_=exc.type)
+
+    @app.exception_handler(FieldRefused)
+    async def _refused(request: Request, exc: FieldRefused) -> JSONResponse:
+        return error_response(request, 400, exc.message, param=exc.param)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

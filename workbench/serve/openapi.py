@@ -57,7 +57,9 @@ class Usage(BaseModel):
     prompt_tokens_details: dict | None = None
 
 
-FinishReason = Literal["stop", "length", "abort"] | None
+FinishReason = Literal["stop", "length", "abort", "error"] | None
+# vLLM's prompt_logprobs: per prompt token (null for the first), {token id: {logprob, rank, decoded_token}}
+PromptLogprobs = list[dict[str, dict] | None] | None
 
 
 class CompletionChoice(BaseModel):
@@ -65,6 +67,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: dict | None
     finish_reason: FinishReason
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (vLLM's)
+    prompt_logprobs: PromptLogprobs = None  # with prompt_logprobs, or echo with logprobs
 
 
 class CompletionResponse(BaseModel):
@@ -86,6 +90,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: dict | None
     finish_reason: FinishReason
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -95,6 +100,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs = None
+    prompt_text: str | None = None  # with return_prompt_text
 
 
 class TextContent(BaseModel):
@@ -114,11 +121,16 @@ class MessagesResponse(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """vLLM's model card (``vllm bench serve`` without --model loads its tokenizer from ``root``)."""
+
     id: str
     object: Literal["model"]
     created: int
     owned_by: str
+    root: str
+    parent: str | None
     max_model_len: int
+    permission: list[dict]
 
 
 class ModelList(BaseModel):
@@ -130,6 +142,7 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None
 
 
 class DetokenizeResponse(BaseModel):
@@ -171,7 +184,7 @@ _REASONS = {400: "the request is invalid (the message names the field and the al
             415: "the body is not application/json", 500: "the engine failed this request",
             503: "the server is shutting down"}
 _REFUSED_FIELDS = ("Other fields of vLLM's request schemas that this engine does not honour (logit_bias, "
-                   "prompt_logprobs, tools, response_format, guided decoding, beam search, ...) are refused with a "
+                   "tools, response_format, guided decoding, beam search, stream_interval, ...) are refused with a "
                    "400 naming the field unless they hold their neutral value; unknown fields are ignored.")
 
 

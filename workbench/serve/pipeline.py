@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from workbench.config import SamplingParams
 from workbench.engine.llm_engine import LLMEngine
 from workbench.serve.admission import check_vocabulary, fit_to_context
+from workbench.serve.batch import MergedStream
 from workbench.serve.engine_loop import EngineLoop, EngineStopped
 from workbench.serve.errors import SERVER_ERROR, APIError, ClientGone, from_value_error
 from workbench.serve.streams import LogprobEntry, RequestStream, StreamEvent, Usage
@@ -56,6 +57,8 @@ class Collected:
     reasons: list[str | None]
     logprobs: list[list[LogprobEntry] | None]
     usage: Usage = field(default_factory=lambda: Usage(0, 0, 0))
+    prompt_logprobs: list[list[LogprobEntry] | None] = field(default_factory=list)  # per choice, when asked for
+    stop_reasons: list[str | int | None] = field(default_factory=list)
 
 
 class AbortOnClose(StreamingResponse):
@@ -114,7 +117,7 @@ class Pipeline:
         """Every event of ``stream`` gathered; ``ClientGone`` (request aborted) if the client leaves first, a 500
         if the engine failed the request. ``on_first_token`` runs when the first token arrives."""
         n = stream.num_choices
-        collected = Collected([""] * n, [None] * n, [None] * n)
+        collected = Collected([""] * n, [None] * n, [None] * n, prompt_logprobs=[None] * n, stop_reasons=[None] * n)
         collecting = asyncio.ensure_future(self._collect(stream, collected, on_first_token))
         watching = asyncio.ensure_future(client_gone(request))
         try:
@@ -123,11 +126,12 @@ class Pipeline:
             watching.cancel()
             if not collecting.done():
                 collecting.cancel()
-                self.loop.abort(stream.request_id)
+                self._abort_unless_done(stream)
         if not collecting.done() or collecting.cancelled():
             raise ClientGone(stream.request_id)
         last = collecting.result()
         if last.error is not None:
+            self._abort_unless_done(stream)  # a batch's other prompts
             raise APIError(500, last.error, type_=SERVER_ERROR)
         collected.usage = last.usage or collected.usage
         return collected
@@ -142,6 +146,10 @@ class Pipeline:
                 into.reasons[delta.index] = delta.finish_reason or into.reasons[delta.index]
                 if delta.logprobs is not None:
                     into.logprobs[delta.index] = (into.logprobs[delta.index] or []) + delta.logprobs
+                if delta.prompt_logprobs is not None:
+                    into.prompt_logprobs[delta.index] = delta.prompt_logprobs
+                if delta.stop_reason is not None:
+                    into.stop_reasons[delta.index] = delta.stop_reason
                 if delta.num_tokens and not started and on_first_token is not None:
                     started = True
                     on_first_token()
@@ -150,8 +158,21 @@ class Pipeline:
         raise RuntimeError(f"the stream of {stream.request_id} ended without its last event")
 
     def _abort_unless_done(self, stream: RequestStream) -> None:
-        if not stream.finished:
-            self.loop.abort(stream.request_id)
+        for request_id in stream.open_request_ids():
+            self.loop.abort(request_id)
+
+    async def start_all(self, jobs: list[Job]) -> RequestStream:
+        """``start`` each job (the prompts of one request), one stream of all their events; if one is refused,
+        the ones admitted before it are aborted and its error raised."""
+        streams: list[RequestStream] = []
+        try:
+            for job in jobs:
+                streams.append(await self.start(job))
+        except BaseException:
+            for stream in streams:
+                self._abort_unless_done(stream)
+            raise
+        return streams[0] if len(streams) == 1 else MergedStream(streams)
 
 
 async def mapped(awaitable: Awaitable[T]) -> T:

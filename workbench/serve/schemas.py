@@ -9,24 +9,29 @@ when the request reaches it.
 vLLM's sampling extensions the engine can do exactly are honoured (``min_p``, ``min_tokens``, the repetition,
 frequency and presence penalties, ``stop_token_ids``, ``include_stop_str_in_output``, ``ignore_eos``,
 ``top_k``), and so are OpenAI's ``logprobs`` / ``top_logprobs`` (the model's raw log-probabilities, as vLLM
-returns them by default).
-Nothing is dropped silently: every other field of vLLM's request schemas (0.10-0.11, as recalled here) that the
-engine does not honour (``VLLM_FIELDS_REFUSED``: logit bias, prompt logprobs, tools, structured output, beam search,
-...) is refused with a 400 naming it when it asks for anything but the neutral value, so a client
-never gets an answer it did not ask for.
+returns them by default), ``echo`` and vLLM's ``prompt_logprobs`` (each prompt token's log-probability), batches
+of prompts, ``request_id`` and the chat-template options.
+Nothing is dropped silently: every field of vLLM's current request schemas is honoured, refused with a 400
+naming it, or listed with the reason it cannot change the answer (`workbench.serve.vllm_fields`, checked against
+vLLM's own field lists by tests/test_vllm_field_coverage.py).
 """
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from workbench.config import MAX_LOGPROBS
+from workbench.serve.vllm_fields import refuse_message_fields, refuse_sent_fields
 
 # OpenAI accepts at most four stop sequences.
 MAX_STOP_SEQUENCES = 4
+# Prompts in one completions request, and sequences (prompts x n): each prompt becomes a request of its own in the
+# engine (vLLM caps the prompts with its VLLM_MAX_COMPLETION_PROMPTS setting).
+MAX_PROMPTS = 64
+MAX_SEQUENCES_PER_REQUEST = 256
 # vLLM bounds the seed to a signed 64-bit integer (its request schemas: _LONG_INFO).
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
@@ -48,30 +53,6 @@ Text = Annotated[str, Field(min_length=1, pattern=r"\S")]
 TokenIds = Annotated[list[integer(ge=0)], Field(min_length=1)]
 
 
-# vLLM's request fields the engine does not honour, each with the values that ask for nothing (sent by clients
-# that fill in every field); any other value is refused with a 400 that names the field.
-_OFF = (None, False, 0, 0.0, "", [], {})
-VLLM_FIELDS_REFUSED: dict[str, tuple] = {
-    "logit_bias": _OFF, "prompt_logprobs": _OFF,
-    "length_penalty": (None, 1, 1.0), "use_beam_search": _OFF, "skip_special_tokens": (None, True),
-    "spaces_between_special_tokens": (None, True), "truncate_prompt_tokens": _OFF, "allowed_token_ids": _OFF,
-    "bad_words": _OFF, "tools": _OFF, "tool_choice": (None, "none", "auto"), "parallel_tool_calls": (None, True, False),
-    "functions": _OFF, "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}), "guided_json": _OFF, "guided_regex": _OFF, "guided_choice": _OFF,
-    "guided_grammar": _OFF, "guided_decoding_backend": _OFF, "guided_whitespace_pattern": _OFF,
-    "structural_tag": _OFF, "structured_outputs": _OFF, "reasoning_effort": _OFF, "include_reasoning": (None, True),
-    "echo": _OFF, "suffix": _OFF, "continue_final_message": _OFF, "documents": _OFF, "chat_template": _OFF,
-    "chat_template_kwargs": _OFF, "mm_processor_kwargs": _OFF, "add_special_tokens": _OFF, "priority": _OFF,
-    "logits_processors": _OFF, "return_tokens_as_token_ids": _OFF, "return_token_ids": _OFF, "cache_salt": _OFF,
-    "kv_transfer_params": _OFF, "vllm_xargs": _OFF, "audio": _OFF, "modalities": (None, ["text"]),
-    "prediction": _OFF, "service_tier": (None, "auto", "default"),
-}
-
-
-def _asks_for_nothing(field: str, value: object) -> bool:
-    return any(value == neutral and type(value) is type(neutral) for neutral in VLLM_FIELDS_REFUSED[field])
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -83,19 +64,22 @@ class _Strict(BaseModel):
             return {key: value for key, value in data.items() if value is not None or key not in cls.model_fields}
         return data
 
-    def refused_vllm_field(self) -> tuple[str, str] | None:
-        """(field, reason) for the first vLLM request field set to something this engine does not do."""
-        sent = {**(self.model_extra or {}), **{name: getattr(self, name) for name in self.model_fields_set}}
-        for name, value in sent.items():
-            if name in VLLM_FIELDS_REFUSED and not _asks_for_nothing(name, value):
-                return name, f"{name}={value!r} is not supported by this engine (it would be ignored, so it is refused)"
-        return None
-
 
 class _Request(_Strict):
-    """A generation request: keeps the fields it does not declare, so that vLLM's can be refused by name."""
+    """A generation request: keeps the fields it does not declare, and refuses by name, before anything else is
+    validated, each vLLM field it does not honour that asks for something (`workbench.serve.vllm_fields`)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
+    # Fields of VLLM_FIELDS_REFUSED that this request honours (declared below, with vLLM's meaning).
+    HONOURED: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_is_not_done(cls, data: object) -> object:
+        if isinstance(data, dict):
+            refuse_sent_fields(data, cls.HONOURED)
+            refuse_message_fields(data.get("messages"))
+        return data
 
 
 class StreamOptions(_Strict):
@@ -126,12 +110,20 @@ class SamplingFields(_Request):
     min_p: float = Field(0.0, ge=0, le=1)
     min_tokens: integer(ge=0) = Field(0, description="at most max_tokens")
     include_stop_str_in_output: bool = False
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # refused unless empty (declared for the API document)
     user: str | None = None
+    # vLLM's: the response's id is "cmpl-<request_id>" ("chatcmpl-" for chat); the X-Request-Id header wins
+    request_id: str | None = None
+    # vLLM's: each prompt token's log-probability and this many alternatives (not with stream, as in vLLM)
+    prompt_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, reason) for the first option the engine cannot honour, else None."""
-        return self.refused_vllm_field()
+        if self.prompt_logprobs is not None and self.stream:
+            return "prompt_logprobs", "prompt_logprobs are not available when stream=true (as in vLLM)"
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
+            return "stream_options", "stream_options can only be given with stream=true (as in vLLM)"
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -143,22 +135,43 @@ class SamplingFields(_Request):
 
 
 class CompletionRequest(SamplingFields):
-    # One prompt per request: text, token ids, or a batch of exactly one of either.
-    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=1)] | Annotated[
-        list[TokenIds], Field(min_length=1, max_length=1)]
-    max_tokens: integer(ge=1) | None = 16  # OpenAI's default for completions
+    HONOURED: ClassVar[frozenset[str]] = frozenset({"echo"})
+    # Text, token ids, or a batch of either (each prompt its own request in the engine, its n choices numbered
+    # prompt_index * n + i, as OpenAI and vLLM number them).
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] | Annotated[
+        list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    max_tokens: integer(ge=0) | None = Field(16, description="OpenAI's default; 0 only with echo (the prompt alone)")
     logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None  # top alternatives per token (0: the token's own)
-    echo: bool = False
+    echo: bool = False  # the prompt before the completion, with its log-probabilities when logprobs is set
     best_of: Int | None = None
     suffix: str | None = None
+    add_special_tokens: bool = True  # vLLM's completions default (SmolLM2's tokenizer adds none)
 
     @property
     def requested_logprobs(self) -> int | None:
         return self.logprobs
 
+    @property
+    def requested_prompt_logprobs(self) -> int | None:
+        """What the engine computes for the prompt: prompt_logprobs, or with echo, logprobs (as vLLM)."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
+
+    @property
+    def echo_only(self) -> bool:
+        """``max_tokens: 0`` with echo: the prompt alone (one token is still generated and left out, as in vLLM)."""
+        return self.echo and self.max_tokens == 0
+
     def unsupported(self) -> tuple[str, str] | None:
         if self.best_of not in (None, 1, self.n):
             return "best_of", "best_of is not supported by this engine; use n"
+        prompts = len(self.prompt) if isinstance(self.prompt, list) and isinstance(self.prompt[0], str | list) else 1
+        if prompts > 1 and prompts * self.n > MAX_SEQUENCES_PER_REQUEST:
+            return "prompt", (f"{prompts} prompts x n={self.n} asks for {prompts * self.n} sequences; one request "
+                              f"takes at most {MAX_SEQUENCES_PER_REQUEST}")
+        if self.max_tokens == 0 and not self.echo:
+            return "max_tokens", "max_tokens must be >= 1 (0 only with echo=true, which returns the prompt alone)"
         return super().unsupported()
 
 
@@ -168,9 +181,17 @@ class TextPart(_Strict):
 
 
 class ChatMessage(_Strict):
+    """A message as the chat template reads it. name, tool_call_id, tool_calls and reasoning go to the template
+    as vLLM passes them (this model's template reads role and content only); reasoning_content is vLLM's older
+    name for reasoning."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -180,12 +201,38 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateOptions(_Request):
+    """vLLM's chat-template options, for chat completions and /tokenize alike."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last message stays open: the model continues it
+    chat_template: str | None = None  # a Jinja template instead of the model's
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template
+    add_special_tokens: bool = False  # on top of the template's (vLLM's chat default)
+
+    def template_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``tokenizer.apply_chat_template``."""
+        options = dict(self.chat_template_kwargs or {})
+        options.update(add_generation_prompt=self.add_generation_prompt and not self.continue_final_message,
+                       continue_final_message=self.continue_final_message)
+        if self.chat_template is not None:
+            options["chat_template"] = self.chat_template
+        return options
+
+    def template_conflict(self) -> tuple[str, str] | None:
+        if self.continue_final_message and "add_generation_prompt" in self.model_fields_set and \
+                self.add_generation_prompt:
+            return "continue_final_message", "continue_final_message and add_generation_prompt cannot both be true"
+        return None
+
+
+class ChatCompletionRequest(ChatTemplateOptions, SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: integer(ge=1) | None = None  # None: whatever the context and the KV pool leave
     max_completion_tokens: integer(ge=1) | None = None
     logprobs: bool = False
     top_logprobs: integer(ge=0, le=MAX_LOGPROBS) | None = None
+    return_prompt_text: bool = False  # vLLM's: the prompt the chat template made, as prompt_text
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -198,16 +245,18 @@ class ChatCompletionRequest(SamplingFields):
     def unsupported(self) -> tuple[str, str] | None:
         if self.top_logprobs and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs=true"
-        return super().unsupported()
+        return self.template_conflict() or super().unsupported()
 
 
-class TokenizeRequest(_Strict):
-    """vLLM's /tokenize: a prompt (raw text) or chat messages (through the chat template)."""
+class TokenizeRequest(ChatTemplateOptions):
+    """vLLM's /tokenize: a prompt (raw text) or chat messages (through the chat template, with its options)."""
 
     model: str | None = None
     prompt: Text | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
-    add_generation_prompt: bool = True
+    # None: vLLM's default for the kind of input (True for a prompt, False for messages)
+    add_special_tokens: bool | None = None
+    return_token_strs: bool = False  # also each token's string (token_strs)
 
 
 class DetokenizeRequest(_Strict):

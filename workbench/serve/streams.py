@@ -19,11 +19,16 @@ from workbench.sampling import TokenLogprob
 
 @dataclass(slots=True, frozen=True)
 class LogprobEntry:
-    """One generated token's log-probability and its top alternatives, with their texts (for the response)."""
+    """One token's log-probability and its top alternatives, with their texts (for the response); a prompt's
+    first token has none (``logprob`` None). Prompt tokens also carry their ids and rank, for vLLM's
+    ``prompt_logprobs`` (a dict by token id)."""
 
     token: str
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[str, float], ...]
+    token_id: int | None = None
+    rank: int | None = None
+    top_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -33,6 +38,9 @@ class ChoiceDelta:
     num_tokens: int
     finish_reason: str | None = None
     logprobs: list[LogprobEntry] | None = None  # one per new token, when the request asked for them
+    stop_reason: str | int | None = None  # with finish_reason "stop": the stop string or token id (vLLM's)
+    # on a choice's first delta, when the request asked for prompt log-probabilities: one per prompt token
+    prompt_logprobs: list[LogprobEntry] | None = None
 
 
 @dataclass(slots=True)
@@ -69,6 +77,10 @@ class RequestStream:
         self._loop = loop
         self._queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
 
+    def open_request_ids(self) -> tuple[str, ...]:
+        """The engine requests still running for this stream (to abort when its client leaves)."""
+        return () if self.finished else (self.request_id,)
+
     def push(self, event: StreamEvent) -> None:
         """Called from the engine thread."""
         with contextlib.suppress(RuntimeError):  # the event loop is closed: nobody is listening any more
@@ -88,7 +100,7 @@ class RequestStream:
 class DeltaTracker:
     """How much of each choice has been sent, so cumulative engine outputs become deltas."""
 
-    __slots__ = ("stream", "sent_tokens", "sent_chars", "done", "counted_prompt", "token_text")
+    __slots__ = ("stream", "sent_tokens", "sent_chars", "done", "counted_prompt", "token_text", "sent_prompt")
 
     def __init__(self, stream: RequestStream, num_choices: int, token_text: Callable[[int], str] | None = None):
         """``token_text(id)``: one token's text, for the log-probabilities of requests that ask for them."""
@@ -98,6 +110,7 @@ class DeltaTracker:
         self.sent_chars = [0] * num_choices
         self.done = [False] * num_choices
         self.counted_prompt = False  # its prompt tokens went into vllm:prompt_tokens
+        self.sent_prompt = [False] * num_choices  # its prompt log-probabilities went with its first delta
 
     def deltas(self, output: RequestOutput) -> list[ChoiceDelta]:
         out = []
@@ -107,8 +120,13 @@ class DeltaTracker:
             text = completion.text[self.sent_chars[i]:]
             closing = completion.finish_reason is not None and not self.done[i]
             if new_tokens or text or closing:
+                prompt = None
+                if output.prompt_logprobs is not None and not self.sent_prompt[i]:
+                    self.sent_prompt[i] = True
+                    prompt = self._prompt_logprobs(output.prompt_logprobs, output.prompt_ids)
                 out.append(ChoiceDelta(i, text, new_tokens, completion.finish_reason,
-                                       self._logprobs(completion.logprobs, self.sent_tokens[i])))
+                                       self._logprobs(completion.logprobs, self.sent_tokens[i]),
+                                       completion.stop_reason, prompt))
             self.sent_tokens[i] = len(completion.token_ids)
             self.sent_chars[i] = len(completion.text)
             self.done[i] = self.done[i] or closing
@@ -120,6 +138,13 @@ class DeltaTracker:
         name = self.token_text
         return [LogprobEntry(name(e.token_id), e.logprob, tuple((name(t), lp) for t, lp in e.top))
                 for e in logprobs[start:]]
+
+    def _prompt_logprobs(self, logprobs: list[TokenLogprob | None], prompt_ids: list[int]) -> list[LogprobEntry]:
+        name = self.token_text or str
+        return [LogprobEntry(name(token), None, (), token) if e is None else
+                LogprobEntry(name(token), e.logprob, tuple((name(t), lp) for t, lp in e.top), token, e.rank,
+                             tuple(t for t, _ in e.top))
+                for token, e in zip(prompt_ids, logprobs, strict=True)]
 
     def close_all(self, reason: str) -> list[ChoiceDelta]:
         """Closing deltas for the choices still open, for a request ended outside a step (abort, shutdown)."""
