@@ -38,7 +38,7 @@ def test_bad_options_end_with_a_one_line_error(capsys):
 def test_vllm_result_format_and_percentiles(capsys):
     status = main(["bench", "--start-server", "--server-args=--num-blocks 64 --max-num-seqs 4",
                    "--random", "4", "--input-tokens", "4:8", "--output-tokens", "3:5", "--concurrency", "2",
-                   "--percentiles", "50,99.9", "--result-format", "vllm", "--no-progress"])
+                   "--percentiles", "50,99.9", "--result-format", "vllm", "--save-detailed", "--no-progress"])
     out = capsys.readouterr().out
     assert status == 0, out
     final = json.loads(out.strip().splitlines()[-1])
@@ -46,7 +46,8 @@ def test_vllm_result_format_and_percentiles(capsys):
         for stat in ("mean", "median", "std", "p50", "p99.9"):
             assert final[f"{stat}_{metric}_ms"] is not None, (stat, metric)
     assert final["completed"] == 4 and final["max_concurrent_requests"] == 2 and final["max_output_tokens_per_s"] >= 1
-    assert len(final["ttfts"]) == len(final["output_lens"]) == 4 and final["total_output_tokens"] == sum(
-        final["output_lens"])
+    assert len(final["ttfts"]) == len(final["output_lens"]) == len(final["queue_times"]) == 4
+    assert final["total_output_tokens"] == sum(final["output_lens"]) and all(final["generated_texts"])
+    assert sum(q > 0 for q in final["queue_times"]) >= 1  # concurrency 2 for 4 requests: someone waited
     assert main(["bench", "--base-url", "http://127.0.0.1:9", "--percentiles", "0,50"]) == 2
     assert "percentiles must be in (0, 100)" in capsys.readouterr().err

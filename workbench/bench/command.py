@@ -62,6 +62,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                      help="latency percentiles to report, e.g. 50,90,99,99.9 (vLLM's --metric-percentiles)")
     out.add_argument("--result-format", choices=("workbench", "vllm"), default="workbench",
                      help="the closing JSON line: this tool's summary, or vllm bench serve's result keys")
+    out.add_argument("--save-detailed", action="store_true",
+                     help="with --result-format vllm: also the per-request lists (input_lens, output_lens, "
+                          "start_times, ttfts, itls, generated_texts, errors), as vLLM's --save-detailed")
+    out.add_argument("--label", default=None, help="with --result-format vllm: the result's label (vLLM's --label)")
     out.add_argument("--no-progress", action="store_true")
 
 
@@ -103,10 +107,11 @@ def bench_from_args(args: argparse.Namespace) -> None:
             result = run_benchmark(server.url, workload, **options)
     else:
         result = run_benchmark(args.base_url, workload, **options)
-    _report(result, args.output, args.result_format)
+    result.config["label"] = args.label
+    _report(result, args.output, args.result_format, args.save_detailed)
 
 
-def _report(result, output: str | None, result_format: str = "workbench") -> None:
+def _report(result, output: str | None, result_format: str = "workbench", detailed: bool = False) -> None:
     s = result.summary
     print(f"target      {result.config['base_url']} ({result.config['model']}), {result.config['load']}")
     print(f"requests    {s['completed']} completed, {s['failed']} failed in {s['duration_s']:.2f} s")
@@ -124,7 +129,7 @@ def _report(result, output: str | None, result_format: str = "workbench") -> Non
     if result_format == "vllm":
         from workbench.bench.vllm_format import vllm_result
 
-        print(json.dumps(_finite(vllm_result(result, tuple(result.config["percentiles"])))))
+        print(json.dumps(_finite(vllm_result(result, tuple(result.config["percentiles"]), detailed))))
     else:
         print(json.dumps({"config": result.config, "summary": _finite(s)}))
 

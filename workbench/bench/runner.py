@@ -131,6 +131,9 @@ def run_benchmark(base_url: str, workload: list[WorkloadRequest], *, request_rat
     bodies = [request_body(r, model, kind, stream=stream) for r, kind in zip(timed, kinds, strict=True)]
     records, duration = _in_own_loop(_drive(base, timed, kinds, bodies, shape, _auth(api_key), timeout_s, progress))
     requests = pd.DataFrame([request_row(r) for r in records])
+    # vLLM's client_queue_time: how long a request waited for a free slot (--concurrency) after its arrival time
+    requests["client_queue_s"] = [max(0.0, r.start_s - timed[r.index].arrival_s) for r in records]
+    requests["text"] = [r.text for r in records]
     for key in sorted({k for r in timed for k in r.tags}):
         requests[key] = [r.tags.get(key) for r in timed]
     if slo_ms:
