@@ -159,3 +159,13 @@ def test_a_subtitle_names_the_threads_the_measurement_ran_on(monkeypatch):
         assert fig.layout.title.subtitle.text == "measured on CPU (1 thread) · float32 · SmolLM2-135M-Instruct"
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_later_cell_rerunning_a_panel_shows_the_progress_line_where_the_learner_is(monkeypatch):
+    shown: list = []
+    panel = SilentPanel(seconds=0.1).run()
+    panel._handles, panel._shown_in = [RecordingHandle(), RecordingHandle()], "the cell that showed it"
+    monkeypatch.setattr(panel_module, "current_execution", lambda: "a later cell")
+    monkeypatch.setattr(panel_module, "display", lambda obj, **_: shown.append(obj))
+    panel.size.value = 3
+    assert shown[0] is panel.progress.widget  # first, before the measurement's new outputs

@@ -130,6 +130,7 @@ class LabPanel:
         self.progress.start("re-measuring" if rerun else "measuring")
         if rerun:
             self._dim()
+            self._progress_here()
         try:
             with self.busy():
                 self.threads = adapt_threads()
@@ -182,6 +183,13 @@ class LabPanel:
             note += (f"<br><span style='color:#6b7280'>torch ran on {self.threads.threads} of "
                      f"{self.threads.ceiling} threads: {self.threads.reason}</span>")
         return note + self.contention.status_html()
+
+    def _progress_here(self) -> None:
+        """A later cell re-running the panel from code shows the progress line in that cell too: the panel's own
+        line is in the cell that first showed it, off screen while the learner watches this one."""
+        execution = current_execution()
+        if self._handles and execution is not None and execution != self._shown_in:
+            display(self.progress.widget)
 
     def _dim(self) -> None:
         """Grey out the outputs on screen while a re-run measures (nothing when a later cell re-runs the panel
