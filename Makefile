@@ -1,7 +1,7 @@
 # KV Workbench: two commands on a fresh machine (Python 3.11+):
 #   make lab    set everything up, then open JupyterLab on notebooks/
-#   make test   set everything up (and guidellm and schemathesis, a load generator and an API fuzzer the suite
-#               drives), then run the whole test suite (notebooks included)
+#   make test   set everything up (and guidellm, schemathesis and lm-eval: a load generator, an API fuzzer and an
+#               evaluation harness the suite drives), then run the whole test suite (notebooks included)
 # Set-up is incremental: a second run only checks stamps and takes seconds.
 
 PYTHON ?= python3
@@ -25,6 +25,12 @@ GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed
 SCHEMATHESIS_SPEC ?= schemathesis==4.32.5
 SCHEMATHESIS_VENV ?= .venv-schemathesis
 SCHEMATHESIS_STAMP := $(SCHEMATHESIS_VENV)/.installed
+# lm-evaluation-harness (tests/test_lm_eval.py: its local-completions backend against the server, its hf backend on the
+# same weights) in a venv of its own too: it pins datasets, evaluate and friends the project does not need. The CPU
+# torch goes in first, as for .venv; the install may fail the same way, and the test then skips.
+LMEVAL_SPEC ?= lm-eval[api,hf]==0.4.13
+LMEVAL_VENV ?= .venv-lmeval
+LMEVAL_STAMP := $(LMEVAL_VENV)/.installed
 PYTEST_ARGS ?=
 # The suite runs on two pytest-xdist workers, a whole file (or notebook) per worker at a time, the longest files
 # first, each worker with its share of the cores for torch (all in tests/conftest.py). TEST_WORKERS=0 runs it in
@@ -32,7 +38,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-.PHONY: setup model guidellm schemathesis lab lab-settings test test-fast lint bench clean docs docs-serve
+.PHONY: setup model guidellm schemathesis lm-eval lab lab-settings test test-fast lint bench clean docs docs-serve
 
 setup: $(INSTALL_STAMP) $(MODEL_STAMP)
 
@@ -67,6 +73,14 @@ $(SCHEMATHESIS_STAMP):
 
 schemathesis: $(SCHEMATHESIS_STAMP)
 
+$(LMEVAL_STAMP):
+	-test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
+	-$(LMEVAL_VENV)/bin/python -c "import torch" 2>/dev/null || $(LMEVAL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	-$(LMEVAL_VENV)/bin/python -m pip install -q "$(LMEVAL_SPEC)" && $(LMEVAL_VENV)/bin/lm_eval --help >/dev/null \
+		&& touch $@ || echo "could not install $(LMEVAL_SPEC) into $(LMEVAL_VENV); tests/test_lm_eval.py will skip"
+
+lm-eval: $(LMEVAL_STAMP)
+
 # JupyterLab refuses to start as root (the usual user in workshop containers) unless told --allow-root.
 # LAB_ARGS adds options, e.g. make lab LAB_ARGS="--no-browser --port 8890".
 LAB_ARGS ?=
@@ -84,9 +98,9 @@ lab-settings: $(LAB_OVERRIDES)
 lab: setup lab-settings
 	$(BIN)/jupyter lab $(LAB_FLAGS) $(LAB_ARGS)
 
-# The whole suite also drives two third-party programs (guidellm and schemathesis, each in its own venv); `make lab`
-# needs neither.
-test: setup guidellm schemathesis
+# The whole suite also drives three third-party programs (guidellm, schemathesis and lm-eval, each in its own venv);
+# `make lab` needs none of them.
+test: setup guidellm schemathesis lm-eval
 	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: setup
@@ -110,4 +124,4 @@ bench: setup
 	for b in $(BENCHMARKS); do echo "== $$b"; $(BIN)/python benchmarks/bench_$$b.py || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(GUIDELLM_VENV) $(SCHEMATHESIS_VENV) .pytest_cache test-artifacts site
+	rm -rf $(VENV) $(GUIDELLM_VENV) $(SCHEMATHESIS_VENV) $(LMEVAL_VENV) .pytest_cache test-artifacts site
