@@ -23,6 +23,7 @@ engine's pandas frames; prometheus-client's metric objects are thread-safe for t
 from __future__ import annotations
 
 from prometheus_client import (
+    GC_COLLECTOR,
     PLATFORM_COLLECTOR,
     CollectorRegistry,
     Counter,
@@ -45,8 +46,9 @@ TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                            240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-# vLLM's finish reasons (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS); "error" is an engine failure.
-FINISH_REASONS = ("stop", "length", "abort", "error")
+# vLLM's finish reasons (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS), all pre-created as vLLM does; "error" is
+# an engine failure; "repetition" (vLLM's repetition_detection, refused here) stays 0.
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 ENGINE_INDEX = "0"
 # vLLM's reasons a request waits: no room in the KV pool or the step's budget ("capacity"), or held back by the
 # scheduler's policy ("deferred"). This engine's scheduler only ever waits for capacity.
@@ -79,6 +81,7 @@ class ServingMetrics:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.registry.register(PLATFORM_COLLECTOR)
+        self.registry.register(GC_COLLECTOR)  # python_gc_*, as vLLM's default registry has
         self.model_name = model_name
         self._choices_left: dict[str, tuple[int, int]] = {}  # request id -> (choices still running, longest so far)
         self._build_scheduler_series()
