@@ -60,8 +60,9 @@ def reference_model():
 
 # The longest files, handed out first under xdist (`--dist loadfile --no-loadscope-reorder` in the Makefile), so
 # that the short ones fill in at the end instead of one worker finishing a notebook alone: each notebook under
-# nbval (1-4 minutes on one thread), the browser and docs-site files (their Chromium and JupyterLab start-up).
-_LONG_FILES = ("test_browser.py", "test_docs_site.py")
+# nbval (1-4 minutes on one thread), the browser and docs-site files (their Chromium and JupyterLab start-up), and
+# lm-eval's (its three backends in a process of its own, 1-2 minutes).
+_LONG_FILES = ("test_browser.py", "test_docs_site.py", "test_lm_eval.py")
 
 
 def _long_first(item) -> int:
