@@ -43,7 +43,7 @@ def worker(threads: int, tokens: int, repeats: int) -> dict:
     import workbench
     from workbench.config import SamplingParams
     from workbench.generation import generate
-    from workbench.lab.kit.contention import watch
+    from workbench.schedstat import read_books, wait_share
 
     model, tokenizer = workbench.load_model(device="cpu")
     prompt = "Count from one to fifty, one number per line."
@@ -51,10 +51,10 @@ def worker(threads: int, tokens: int, repeats: int) -> dict:
     generate(model, tokenizer, prompt, SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     rates, waits = [], []
     for _ in range(repeats):
-        with watch() as w:
-            result = generate(model, tokenizer, prompt, params)
+        before = read_books()
+        result = generate(model, tokenizer, prompt, params)
         rates.append(result.decode_tokens_per_s)
-        waits.append(w.contention.wait_share)
+        waits.append(wait_share(before, read_books()))
     return {"threads": torch.get_num_threads(), "decode_tokens_per_s": rates, "wait_share": waits}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from workbench.lab.kit.figures import LEGEND_GAP_PX, SUBTITLE_CHARS, readable, style
+from workbench.lab.kit.figures import LEGEND_GAP_PX, SUBTITLE_CHARS, readable, style, trace
 from workbench.lab.kit.stored import PLOTLY_MIME, figure_bundle
 
 
@@ -35,12 +35,13 @@ def test_a_chapter_s_own_ticks_are_kept():
 
 
 def test_labels_are_not_clipped_and_a_long_subtitle_wraps():
-    fig = go.Figure(go.Scatter(x=[7200, 11900], y=[0.05, 0.0007], mode="markers+text", text=["int4", "int8"]))
+    fig = go.Figure(go.Scatter(name="formats", x=[7200, 11900], y=[0.05, 0.0007], mode="markers+text",
+                               text=["int4", "int8"]))
     subtitle = ("measured on 2 replicas x 1 CPU thread(s) · float32 · SmolLM2-135M-Instruct (dequantized Q4_1) · "
                 "64 KV blocks of 16 each · vllm-router 0.1.17")
     style(fig, "Hit rate per replica", subtitle)
     out = readable(fig)
-    assert out.data[0].cliponaxis is False
+    assert trace(out, "formats").cliponaxis is False
     lines = out.layout.title.subtitle.text.split("<br>")
     assert len(lines) == 2 and all(len(line) <= SUBTITLE_CHARS for line in lines)
     assert " · ".join(lines) == subtitle and out.layout.margin.t == fig.layout.margin.t + 18
@@ -54,11 +55,12 @@ def test_the_legend_sits_below_the_axis_title_and_grows_down():
 
 
 def test_the_stored_bundle_is_readable_and_the_panel_s_figure_untouched():
-    fig = go.Figure(go.Scatter(x=[1, 2], y=[0.02, 0.3], mode="text", text=["x", "y"]))
+    fig = go.Figure(go.Scatter(name="labels", x=[1, 2], y=[0.02, 0.3], mode="text", text=["x", "y"]))
     fig.update_yaxes(type="log")
     spec = figure_bundle(fig, png=False)[PLOTLY_MIME]
-    assert spec["layout"]["yaxis"]["dtick"] == "D2" and spec["data"][0]["cliponaxis"] is False
-    assert fig.layout.yaxis.dtick is None and fig.data[0].cliponaxis is None
+    assert spec["layout"]["yaxis"]["dtick"] == "D2"
+    assert [t["cliponaxis"] for t in spec["data"] if t["name"] == "labels"] == [False]
+    assert fig.layout.yaxis.dtick is None and trace(fig, "labels").cliponaxis is None
 
 
 def test_a_y_title_longer_than_the_plot_is_high_wraps():

@@ -9,7 +9,7 @@ the cached decode *slower* than recomputing everything, and its closing table ca
 Two signals, either one enough:
 
 - **waiting for a CPU**: Linux keeps, for every thread, the time it ran and the time it was ready to run but
-  waited for a CPU (``/proc/self/task/*/schedstat``). ``watch()`` reads those books around a measurement; when
+  waited for a CPU (`workbench.schedstat`). ``watch()`` reads those books around a measurement; when
   this process's threads spent more than ``WAIT_LIMIT`` of their runnable time waiting, other work held the
   cores. On a quiet machine the share is a few percent; beside one busy loop on a shared core it is about half.
 - **the same work timed twice disagreeing**: two runs of identical work (the same prompt's prefill in both arms
@@ -23,13 +23,13 @@ Every panel records ``Contention`` for its last measurement (``LabPanel.contenti
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from workbench.schedstat import read_books, spent
 
 if TYPE_CHECKING:
     from workbench.lab.kit.closing import Takeaway
@@ -43,35 +43,6 @@ AGREEMENT = 1.5
 # Below this much runnable time the books are too short to judge (a sub-second panel redraw).
 MIN_RUNNABLE_S = 0.05
 BUSY = "the machine was busy: not measurable now, re-run"
-TASKS = Path("/proc/self/task")
-
-
-def read_books() -> dict[int, tuple[int, int]] | None:
-    """Nanoseconds each thread of this process has run and has waited for a CPU, by thread id; None where the
-    kernel keeps no such books (not Linux, or schedstat unavailable)."""
-    books: dict[int, tuple[int, int]] = {}
-    try:
-        tids = os.listdir(TASKS)
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            fields = (TASKS / tid / "schedstat").read_text().split()
-        except OSError:  # the thread ended between the listing and the read
-            continue
-        if len(fields) >= 2:
-            books[int(tid)] = (int(fields[0]), int(fields[1]))
-    return books or None
-
-
-def _spent(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> tuple[float, float]:
-    """Seconds run and waited between two readings (threads started in between count from zero; threads that
-    ended in between are lost, which only makes the reading milder)."""
-    run = wait = 0
-    for tid, (ran, waited) in after.items():
-        ran0, waited0 = before.get(tid, (0, 0))
-        run, wait = run + ran - ran0, wait + waited - waited0
-    return run / 1e9, wait / 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +126,7 @@ def watch() -> Iterator[Watch]:
         if before is None or after is None:
             handle.contention = Contention(wall)
         else:
-            run, wait = _spent(before, after)
+            run, wait = spent(before, after)
             handle.contention = Contention(wall, run, wait)
 
 
