@@ -62,7 +62,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     rows = ["| chapter | what it is about |", "| --- | --- |"]
     for path in chapter_notebooks():
         title, summary = chapter_summary(path)
-        rows.append(f"| [{title}]({path.stem}/) | {summary.replace('|', '/')} |")
+        rows.append(f"| [{title}]({path.name}) | {summary.replace('|', '/')} |")  # a link mkdocs resolves and checks
     return markdown.replace(CHAPTERS_MARK, "\n".join(rows))
 
 
