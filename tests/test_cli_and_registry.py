@@ -106,3 +106,13 @@ def test_help_is_plain_text_and_names_every_command(capsys):
     for command in ("generate", "info", "fetch", "serve", "bench"):
         assert f"workbench {command}" in out
     assert "135 million parameters" in out
+
+
+def test_a_kv_format_asked_of_the_weights_says_where_it_belongs(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "hi", "--weights", "int4"])
+    err = capsys.readouterr().err
+    assert "invalid weight format 'int4'" in err and "--kv-cache-dtype int4" in err and "q4_1" in err
+    with pytest.raises(SystemExit):
+        main(["info", "--weights", "int3"])
+    assert "KV-cache" not in capsys.readouterr().err

@@ -27,6 +27,21 @@ is the model's size, not the engine. llama-3-8b, llama-3-70b and the other archi
 weights here: workbench info sizes them, and random-weight copies time them."""
 
 
+def _weight_format(value: str) -> str:
+    """--weights: one of the weight formats; a KV-cache format asked for here says where it belongs (the README's
+    'fp8/int8/int4 KV formats' invites `--weights int4`)."""
+    from workbench.config import KV_CACHE_DTYPES
+    from workbench.models.int8_linear import WEIGHT_FORMATS
+
+    if value in WEIGHT_FORMATS:
+        return value
+    kv = value if value in KV_CACHE_DTYPES else "fp8_e4m3" if value.startswith("fp8") else None
+    hint = f"; {value} names a KV-cache format (workbench serve --kv-cache-dtype {kv}), not a weight one" if kv else ""
+    if value == "int4" and "q4_1" in WEIGHT_FORMATS:
+        hint += "; 4-bit weights are q4_1"
+    raise argparse.ArgumentTypeError(f"invalid weight format {value!r} (choose from {', '.join(WEIGHT_FORMATS)}){hint}")
+
+
 def _parser() -> argparse.ArgumentParser:
     from workbench.models.int8_linear import WEIGHT_FORMATS
 
@@ -48,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-cache", action="store_true", help="recompute the whole sequence every step")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    gen.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
+    gen.add_argument("--weights", type=_weight_format, default="auto", metavar="{" + ",".join(WEIGHT_FORMATS) + "}",
                      help="int8: linear layers in int8 with per-channel scales; int8_all: the LM head too; "
                           "q4_1: the GGUF file's own 4-bit blocks (exact to the float32 weights); q8_0: Q8_0 "
                           "blocks for every linear layer")
@@ -64,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                            "serves it; float32 for the real model on one device, as `workbench generate` runs it)")
     info.add_argument("--context", type=int, default=None, metavar="N",
                       help="context for the per-sequence KV lines (default: the model's max_position_embeddings)")
-    info.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto", help="weight format for the sizes shown")
+    info.add_argument("--weights", type=_weight_format, default="auto", metavar="{" + ",".join(WEIGHT_FORMATS) + "}",
+                      help="weight format for the sizes shown")
     info.add_argument("--tensor-parallel", "-tp", type=int, default=1, metavar="N",
                       help="split KV heads across N GPUs (replicated past the number of KV heads)")
     info.add_argument("--pipeline-parallel", "-pp", type=int, default=1, metavar="P",
