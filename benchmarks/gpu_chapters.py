@@ -103,7 +103,7 @@ def _frame_records(frame) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------------- chapters
 def ch01(setup: Setup) -> dict:
-    from workbench.lab.ch01.attention_cost import time_layer_parts
+    from workbench.roofline.layer_cost import time_layer_parts
 
     model = setup.model("llama-3-8b", num_layers=1)
     lengths = setup.sizes([512, 1024, 2048, 4096, 8192, 16384, 32768], [16, 32, 64])

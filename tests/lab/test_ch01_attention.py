@@ -14,7 +14,11 @@ import torch
 import workbench
 from workbench.cache.sizing import kv_bytes, weight_bytes
 from workbench.lab import ch01
-from workbench.lab.ch01.attention_cost import (
+from workbench.lab.ch01.panels import FLOP_SHARE, KV_OF_BATCH, KV_PER_SEQUENCE, WEIGHTS
+from workbench.lab.kit.figures import trace
+from workbench.lab.kit.notebook import GiB
+from workbench.models.attention import causal_attention
+from workbench.roofline.layer_cost import (
     crossover_length,
     flop_table,
     flop_table_text,
@@ -24,10 +28,6 @@ from workbench.lab.ch01.attention_cost import (
     sliding_window_attention,
     time_layer_parts,
 )
-from workbench.lab.ch01.panels import FLOP_SHARE, KV_OF_BATCH, KV_PER_SEQUENCE, WEIGHTS
-from workbench.lab.kit.figures import trace
-from workbench.lab.kit.notebook import GiB
-from workbench.models.attention import causal_attention
 
 
 def test_attention_flops_quadruple_when_n_doubles_and_linear_parts_double():

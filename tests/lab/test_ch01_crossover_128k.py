@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import workbench
-from workbench.lab.ch01.attention_cost import crossover_length
 from workbench.lab.ch01.crossover_128k import crossover_table, crossover_verdict, hybrid_shapes, model_crossover
+from workbench.roofline.layer_cost import crossover_length
 
 
 def test_numeric_crossover_agrees_with_the_closed_form():

@@ -2,7 +2,8 @@
 first token against prompt length, the N² memory of materialised scores, and the KV memory of MHA/GQA/MQA/SWA
 read from real configs.
 
-    attention_cost.py   FLOPs per layer part and the crossover length from a config; one layer's parts timed
+    workbench.roofline.layer_cost   FLOPs per layer part and the crossover length from a config; one layer's
+                        parts timed (outside the lab: the GPU session's benchmarks time it too)
     runs.py             result objects: LayerTiming, ContextTTFT (with the chapter's Baseline), KVMemory
     memory.py           one layer's activation peak, materialised vs fused (AttentionMemory, TensorPeak)
     panels.py           LayerScalingLab, KVMemoryLab
@@ -14,9 +15,8 @@ from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     **NOTEBOOK_NAMES,
-    "PARTS": "attention_cost", "layer_flops": "attention_cost", "crossover_length": "attention_cost",
-    "flop_table": "attention_cost", "flop_table_text": "attention_cost",
-    "linear_params_per_layer": "attention_cost", "time_layer_parts": "attention_cost",
+    **dict.fromkeys(("PARTS", "layer_flops", "crossover_length", "flop_table", "flop_table_text",
+                     "linear_params_per_layer", "time_layer_parts"), "workbench.roofline.layer_cost"),
     "LayerTiming": "runs", "ContextTTFT": "runs", "KVMemory": "runs", "layer_timing": "runs", "context_ttft": "runs",
     "kv_memory": "runs",
     "AttentionMemory": "memory", "TensorPeak": "memory", "attention_memory": "memory",

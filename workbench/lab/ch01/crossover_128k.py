@@ -17,8 +17,8 @@ import pandas as pd
 
 from workbench.cache.kv_layout import kv_layout
 from workbench.config import ModelSpec
-from workbench.lab.ch01.attention_cost import layer_flops
 from workbench.models import config_names, model_spec
+from workbench.roofline.layer_cost import layer_flops
 
 SEARCH_LIMIT = 1 << 26  # 67M tokens: a crossover beyond this counts as never
 

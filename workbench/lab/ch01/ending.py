@@ -14,7 +14,6 @@ import math
 import torch
 
 from workbench.cache.sizing import cached_tokens, dtype_bytes, kv_bytes, kv_bytes_per_token, weight_bytes
-from workbench.lab.ch01.attention_cost import crossover_length, layer_flops, linear_params_per_layer
 from workbench.lab.ch01.memory import AttentionMemory
 from workbench.lab.ch01.runs import ContextTTFT, LayerTiming
 from workbench.lab.kit.closing import ClosingTable, Takeaway
@@ -22,6 +21,7 @@ from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import config_names, model_spec
 from workbench.paths import CONFIGS_DIR
+from workbench.roofline.layer_cost import crossover_length, layer_flops, linear_params_per_layer
 
 
 def _flop_ratio(name: str, short: int, long: int) -> float:

@@ -20,10 +20,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from workbench.lab.ch01.attention_cost import loglog_slope
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
 from workbench.progress import ProgressFn, no_progress
+from workbench.roofline.layer_cost import loglog_slope
 
 
 # ----------------------------------------------------------------------------------------------- memory

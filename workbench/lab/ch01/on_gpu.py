@@ -11,10 +11,10 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.lab.ch01.attention_cost import PARTS, loglog_slope
 from workbench.lab.kit.figures import style
 from workbench.lab.kit.gpu_beside import GpuBeside
 from workbench.lab.kit.gpu_results import GpuResult
+from workbench.roofline.layer_cost import PARTS, loglog_slope
 
 
 def _builder(cpu):

@@ -13,13 +13,13 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-from workbench.lab.ch01.attention_cost import PARTS
 from workbench.lab.ch01.runs import KVMemory, LayerTiming, kv_memory, layer_timing
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import GiB, device_label, device_memory_bytes, fmt_bytes, measured_on
 from workbench.lab.kit.panel import LabPanel
 from workbench.models import config_names
 from workbench.models.llama import LlamaModel
+from workbench.roofline.layer_cost import PARTS
 
 COLORS = {"attention": "#d62728", "qkv + output projections": "#1f77b4", "MLP": "#2ca02c"}
 DEFAULT_LENGTHS = (128, 256, 512, 1024, 2048, 4096)

@@ -13,13 +13,13 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from workbench.config import ModelSpec
-from workbench.lab.ch01.attention_cost import layer_flops
 from workbench.lab.ch01.memory import AttentionMemory, attention_memory
 from workbench.lab.ch01.runs import ContextTTFT, context_ttft
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import MiB, device_label, measured_on
 from workbench.lab.kit.panel import LabPanel
 from workbench.models.llama import LlamaModel
+from workbench.roofline.layer_cost import layer_flops
 
 TTFT_LENGTHS = (64, 128, 256, 512, 1024, 2048)
 MEMORY_LENGTHS = (256, 512, 1024, 2048, 4096)

@@ -21,12 +21,12 @@ import torch
 from workbench.cache.sizing import attention_variants, kv_bytes_per_token, weight_bytes
 from workbench.config import ModelSpec, SamplingParams
 from workbench.generation import stream_token_ids
-from workbench.lab.ch01.attention_cost import PARTS, crossover_length, layer_flops, loglog_slope, time_layer_parts
 from workbench.lab.kit.baseline import Baseline
 from workbench.lab.kit.notebook import dtype_name
 from workbench.models import model_spec
 from workbench.models.llama import LlamaModel
 from workbench.progress import ProgressFn, no_progress
+from workbench.roofline.layer_cost import PARTS, crossover_length, layer_flops, loglog_slope, time_layer_parts
 from workbench.timing import describe_machine
 from workbench.workloads import prompt_of_length
 

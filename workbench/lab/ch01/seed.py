@@ -7,12 +7,12 @@ import pandas as pd
 import torch
 
 from workbench.cache.sizing import kv_bytes_per_token
-from workbench.lab.ch01.attention_cost import layer_flops
 from workbench.lab.ch01.ending import crossover_summary
 from workbench.lab.kit import seed_claims as kit
 from workbench.lab.kit.feasibility import DEVICES
 from workbench.models import config_names, model_spec
 from workbench.roofline import count_step, decode_work, prefill_work
+from workbench.roofline.layer_cost import layer_flops
 
 
 def _pairs(n: int) -> str:

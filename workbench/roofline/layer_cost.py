@@ -1,4 +1,4 @@
-"""Where the time of one decoder layer goes as the sequence grows: chapter 1's FLOP counts and layer timing.
+"""Where the time of one decoder layer goes as the sequence grows: FLOP counts and layer timing (chapter 1's).
 
 A layer does two kinds of work on a prefill of N tokens. The linear parts (the q/k/v and output projections,
 the MLP) multiply each token by fixed weight matrices: cost proportional to N. Attention compares every query
