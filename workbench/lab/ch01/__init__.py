@@ -9,6 +9,7 @@ read from real configs.
     panels.py           LayerScalingLab, KVMemoryLab
     panels_prefill.py   ContextTTFTLab, AttentionMemoryLab
     ending.py           the exercises and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -26,4 +27,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "crossover_summary": "ending", "read_config": "ending", "seed_claims": "seed",
     "attention_variants": "workbench.cache.sizing", "sizing_table": "workbench.cache.sizing",
     "weight_bytes": "workbench.cache.sizing",
+    "on_gpu": "on_gpu",
 })

@@ -15,6 +15,7 @@ budget (LRU on the engine, LFU beside it in a simulator).
     panels_eviction.py   EvictionLab, PolicyLab
     panels_parallel.py   tp_figure (computed, no controls)
     ending.py            the exercises and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -37,4 +38,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "EvictionLab": "panels_eviction", "PolicyLab": "panels_eviction",
     "exercises": "ending", "closing_table": "ending", "share_reading": "budget", "chapter_baseline": "runs",
     "seed_claims": "seed",
+    "on_gpu": "on_gpu",
 })

@@ -9,6 +9,7 @@ made of, TTFT against prompt length, a long prompt among decoders with and witho
     panels_timing.py     PrefillTTFTLab, ChunkedPrefillLab
     panels_streaming.py  StreamingLab
     ending.py            the exercises and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -26,4 +27,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "StreamingLab": "panels_streaming",
     "exercises": "ending", "closing_table": "ending", "timing_baseline": "ending",
     "implied_bandwidth_reading": "arithmetic", "seed_claims": "seed",
+    "on_gpu": "on_gpu",
 })

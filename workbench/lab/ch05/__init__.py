@@ -8,6 +8,7 @@ its knee, what bounds the batch, and who gets served first.
     panels.py             ModesLab, ConcurrencySweepLab (and the EnginePanel they share)
     panels_scheduling.py  VarianceLab, BatchCapacityLab, PriorityLab
     ending.py             the exercises and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -26,4 +27,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "VarianceLab": "panels_scheduling", "BatchCapacityLab": "panels_scheduling", "PriorityLab": "panels_scheduling",
     "exercises": "ending", "seed_batch_feasibility": "claims", "wait_reading": "claims",
     "padding_reading": "claims", "seed_claims": "seed", "closing_table": "ending",
+    "on_gpu": "on_gpu",
 })

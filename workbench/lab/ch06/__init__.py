@@ -9,6 +9,7 @@ engine-side by `workbench.quality.format_sweep`).
     panels.py         KVFormatLab, WeightFormatLab
     panels_sweep.py   ActivationLab, FormatSweepLab
     ending.py         the seed's loose figures (seed_checks, seed_hierarchy), the exercises and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -29,4 +30,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "seed_claims": "seed",
     "SWEEP_COMMAND": "workbench.quality.format_sweep", "SWEEP_PATH": "workbench.quality.format_sweep",
     "describe_cpu": "workbench.quality.format_sweep", "load_sweep": "workbench.quality.format_sweep",
+    "on_gpu": "on_gpu",
 })

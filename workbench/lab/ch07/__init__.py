@@ -10,6 +10,7 @@
     panels_sweeps.py  KSweepLab, BatchLab, SamplingLab
     panels_trees.py   TreeLab
     ending.py         the exercises (and one from a measured run) and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -27,4 +28,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "exercises": "ending", "measured_alpha_exercise": "ending", "closing_table": "ending",
     "physical_r": "runs", "seed_timeline_check": "runs", "gpu_batch_reading": "runs", "seed_claims": "seed",
     "expected_tokens_per_pass": "workbench.spec.stats",
+    "on_gpu": "on_gpu",
 })

@@ -6,6 +6,7 @@ mode that makes it get one.
                  cached 200-run result (benchmarks/bench_determinism.py)
     panels.py    ProductsLab, DivergenceLab, ModeCostLab and the cached figure
     ending.py    the exercises and the closing table
+    on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 
 from workbench.lab.kit.lazy import NOTEBOOK_NAMES, lazy_exports
@@ -18,4 +19,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "ProductsLab": "panels", "DivergenceLab": "panels", "ModeCostLab": "panels",
     "cached_divergence_figure": "panels", "show_figure": "workbench.lab.kit.stored",
     "exercises": "ending", "closing_table": "ending", "control_reading": "ending",
+    "on_gpu": "on_gpu",
 })
