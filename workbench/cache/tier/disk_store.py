@@ -63,7 +63,8 @@ class DiskStore:
         self.degraded: str | None = None  # why writes stopped, once they have
         self._scan()
 
-    def _path(self, digest: bytes) -> Path:
+    def path_of(self, digest: bytes) -> Path:
+        """The file that holds (or would hold) the block named ``digest``."""
         return self.root / (digest.hex() + SUFFIX)
 
     def _scan(self) -> None:
@@ -100,7 +101,7 @@ class DiskStore:
 
     def _adopt(self, digest: bytes) -> bool:
         try:
-            size = self._path(digest).stat().st_size
+            size = self.path_of(digest).stat().st_size
         except OSError:
             return False
         self._index[digest] = size
@@ -113,7 +114,7 @@ class DiskStore:
         returns their payloads (the restore copies them into the cache later in the same step)."""
         payloads = []
         for digest, block_tokens in zip(digests, tokens, strict=True):
-            path = self._path(digest)
+            path = self.path_of(digest)
             try:
                 with open(path, "rb") as file:
                     data = bytearray(os.fstat(file.fileno()).st_size)
@@ -150,7 +151,7 @@ class DiskStore:
             if digest in self._index:
                 self._forget(digest)
                 with contextlib.suppress(OSError):
-                    self._path(digest).unlink()
+                    self.path_of(digest).unlink()
 
     def clear(self) -> None:
         self.discard(list(self._index))
@@ -183,7 +184,7 @@ class DiskStore:
         if len(data) > self.capacity_bytes:
             return False
         self._make_room(len(data))
-        final = self._path(digest)
+        final = self.path_of(digest)
         temp = self.root / f".{digest.hex()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             with open(temp, "wb") as file:

@@ -140,14 +140,16 @@ class KVTier:
         return sizes
 
     # ---------------------------------------------------------------------------------------- calibration
-    def measure_transfers(self, scratch_blocks: list[int]) -> tuple[TransferCost, TransferCost]:
-        """Store and restore real blocks of the cache through the store under scratch names (cold reads from a disk
-        tier: each file is synced and dropped from the page cache first)."""
+    def measure_transfers(self, scratch_blocks: list[int], *, cold: bool = True,
+                          repeats: int = 2) -> tuple[TransferCost, TransferCost]:
+        """Store and restore real blocks of the cache through the store under scratch names; the fastest of
+        ``repeats``. ``cold``: a disk tier's files are synced and dropped from the page cache before they are read
+        (what a restarted machine reads); otherwise they are read from the page cache (just written)."""
         def store_fn(blocks: list[int], names: list[bytes]) -> None:
             self.store.save(self.codec, [(b, n, (0,) * self.block_size) for b, n in zip(blocks, names, strict=True)])
             self.codec.synchronize()
-            if isinstance(self.store, DiskStore):
-                _drop_from_page_cache([self.store._path(n) for n in names])
+            if cold and isinstance(self.store, DiskStore):
+                _drop_from_page_cache([self.store.path_of(n) for n in names])
 
         def restore_fn(blocks: list[int], names: list[bytes]) -> None:
             if self.store.degraded is not None:
@@ -160,7 +162,7 @@ class KVTier:
 
         count = min(CALIBRATION_BLOCKS, len(scratch_blocks))
         return time_transfers(store_fn, restore_fn, self.store.discard, scratch_blocks[:count],
-                              self.codec.bytes_per_block)
+                              self.codec.bytes_per_block, repeats)
 
     def calibrate(self, store_cost: TransferCost, restore_cost: TransferCost, prefill_s_per_token: float) -> None:
         self.rule = RestoreRule(restore_cost, store_cost, prefill_s_per_token, self.block_size,
