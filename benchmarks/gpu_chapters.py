@@ -19,6 +19,7 @@ Measurements (model shape, bf16 on CUDA):
   ch06  KV formats at one fixed KV budget: how many sequences fit and their decode throughput (8B shape)
   ch07  what verifying K drafts costs: a graphed forward over B x (K + 1) positions against B x 1 (both shapes)
   ch10  the same greedy request alone and among other traffic: do its logits change; the invariant mode's cost
+  ch11  host-device copy bandwidth (pinned, pageable), the engine's host tier against its prefill (both shapes)
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_gpu_engine import TINY, decode_run, replay_ms  # noqa: E402
+from gpu_ch11 import ch11  # noqa: E402, F401 - a chapter measurement, found by name in main()
 
 import workbench  # noqa: E402
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig  # noqa: E402
 from workbench.engine.llm_engine import LLMEngine  # noqa: E402
 from workbench.models.attention import NoCacheAttention  # noqa: E402
 
-CHAPTERS = ("ch01", "ch02", "ch04", "ch05", "ch06", "ch07", "ch10")
+CHAPTERS = ("ch01", "ch02", "ch04", "ch05", "ch06", "ch07", "ch10", "ch11")
 
 
 class Setup:

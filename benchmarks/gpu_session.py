@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTER_ORDER = ("ch04", "ch05", "ch07", "ch02", "ch06", "ch01", "ch10")  # where the GPU changes the lesson first
+# Where the GPU changes the lesson first.
+CHAPTER_ORDER = ("ch04", "ch05", "ch07", "ch02", "ch06", "ch01", "ch10", "ch11")
 
 
 @dataclass(frozen=True, slots=True)

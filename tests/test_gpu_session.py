@@ -90,7 +90,7 @@ def test_every_chapter_measurement_runs_tiny_on_the_cpu(tmp_path):
                           "--tiny", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     files = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*/*.json")}
-    assert sorted(files) == sorted(("ch01", "ch02", "ch04", "ch05", "ch06", "ch07", "ch10"))
+    assert sorted(files) == sorted(("ch01", "ch02", "ch04", "ch05", "ch06", "ch07", "ch10", "ch11"))
     m = {name: data["measurement"] for name, data in files.items()}
     assert m["ch01"]["layer_parts"][0]["attention share"] > 0
     assert all(r["recompute_ms"] > 0 and r["cached_step_ms"] > 0 for r in m["ch02"]["steps"])
@@ -99,6 +99,9 @@ def test_every_chapter_measurement_runs_tiny_on_the_cpu(tmp_path):
     fits = {f["kv_cache_dtype"]: f["batch_that_fits"] for f in m["ch06"]["formats"]}
     assert fits["auto"] < fits["fp8_e4m3"] <= fits["int4"], fits  # a smaller cache fits more sequences
     assert m["ch10"]["invariant"]["runs_with_other_logits"] == 0  # the invariant mode's promise, even tiny
+    assert m["ch11"]["host_to_device_bytes_per_s"] > 0 and {c["model"] for c in m["ch11"]["models"]} == {
+        "smollm2-135m", "llama-3-8b"}
+    assert all(c["cached_tokens_with_tier"] > 0 and c["prefill_s_per_token"] > 0 for c in m["ch11"]["models"])
 
 
 def test_the_real_model_travels_in_parts_and_is_put_back_together(tmp_path):

@@ -12,6 +12,7 @@ import torch
 from serve_helpers import MODEL, on_engine, running_server
 
 import workbench
+from workbench.bench.server_counters import offload_delta, offload_line, scrape
 from workbench.cache.tier.config import KVOffloadConfig
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
@@ -46,10 +47,12 @@ def test_restores_show_in_usage_and_under_vllms_metric_names(tokenizer):
                        kv_offload=KVOffloadConfig("host", size_gib=0.05))
     first, second = list(range(1000, 1072)), list(range(2000, 2072))
     with running_server(engine) as server:
+        before = scrape(server.url)
         complete(server.url, first)
         complete(server.url, second)  # a pool of 5 blocks evicts the first prompt's 4 full blocks: they spill
         _, usage = complete(server.url, first)
         found = series(server.url)
+        delta = offload_delta(before, scrape(server.url))
         counters = on_engine(server, lambda e: (e.kv_offload.counters.store_bytes, e.kv_offload.counters.restore_bytes,
                                                 e.kv_offload.counters.store_ops + e.kv_offload.counters.restore_ops))
     assert usage["prompt_tokens_details"]["cached_tokens"] == 64
@@ -59,10 +62,13 @@ def test_restores_show_in_usage_and_under_vllms_metric_names(tokenizer):
     assert value(found, "vllm:prompt_tokens_cached_by_source_total", source="host") == 64
     assert value(found, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == 64
     assert value(found, "vllm:kv_offload_size_count") == counters[2]
+    assert (delta["tier_hits"], delta["CPU_to_CPU_bytes"]) == (64, moved)  # what `workbench bench` prints
+    assert "second tier restored 64 of" in offload_line(delta)
     assert value(found, "vllm:cache_config_info", num_cpu_blocks=str(engine.kv_offload.store.num_slots)) == 1
     plain = LLMEngine(model, tokenizer, cache_config=CacheConfig(num_blocks=8))
     with running_server(plain) as server:
         assert not any("kv_offload" in name or "external_prefix" in name for name, _ in series(server.url))
+        assert offload_delta(scrape(server.url), scrape(server.url)) is None  # no tier: no bench line
 
 
 @pytest.mark.slow

@@ -104,11 +104,21 @@ def bench_from_args(args: argparse.Namespace) -> None:
             server_args += ["--api-key", args.api_key]
         print("starting workbench serve ...", file=sys.stderr, flush=True)
         with ServerProcess(server_args) as server:
-            result = run_benchmark(server.url, workload, **options)
+            result = _measured(run_benchmark, server.url, workload, options)
     else:
-        result = run_benchmark(args.base_url, workload, **options)
+        result = _measured(run_benchmark, args.base_url, workload, options)
     result.config["label"] = args.label
     _report(result, args.output, args.result_format, args.save_detailed)
+
+
+def _measured(run_benchmark, url: str, workload, options: dict):
+    """The run, and what it did to the server's prefix cache and second KV tier (from /metrics, when exported)."""
+    from workbench.bench.server_counters import offload_delta, scrape
+
+    before = scrape(url, options.get("api_key"))
+    result = run_benchmark(url, workload, **options)
+    result.config["kv_offload"] = offload_delta(before, scrape(url, options.get("api_key")))
+    return result
 
 
 def _report(result, output: str | None, result_format: str = "workbench", detailed: bool = False) -> None:
@@ -120,6 +130,10 @@ def _report(result, output: str | None, result_format: str = "workbench", detail
     if "goodput" in s:
         print(f"goodput     {s['goodput']:.2f} req/s ({s['good_requests']} of {s['completed']} within "
               f"{result.config['slo_ms']} ms)")
+    if result.config.get("kv_offload"):
+        from workbench.bench.server_counters import offload_line
+
+        print(offload_line(result.config["kv_offload"]))
     print(result.table().round(1).to_string())
     if s["failed"]:
         errors = result.requests.loc[~result.requests["success"].astype(bool), "error"].value_counts()
