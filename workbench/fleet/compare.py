@@ -141,6 +141,7 @@ class FailureRun:
     requests: pd.DataFrame  # one row per request, with 'outcome' and 'when' (before / during / after the kill)
     router: dict[str, float]
     timeout_s: float
+    killed_url: str = ""  # the killed replica's address, as the router's error messages name it
 
     @property
     def counts(self) -> dict[str, int]:
@@ -157,6 +158,14 @@ class FailureRun:
 
     def after_kill(self) -> pd.DataFrame:
         return self.requests[self.requests["start_s"] >= self.kill_s]
+
+    def failed_on_the_dead_replica(self) -> pd.DataFrame:
+        """Requests sent after the kill that failed with the router's own error naming the killed replica: the
+        router's retries went back to it (its circuit breaker had not opened yet) until they were exhausted."""
+        after = self.after_kill()
+        errors = after["error"].fillna("").astype(str) if "error" in after else pd.Series("", index=after.index)
+        return after[(after["outcome"] != "completed") & errors.str.contains(self.killed_url, regex=False)
+                     & (self.killed_url != "")]
 
 
 def classify(requests: pd.DataFrame) -> pd.Series:
@@ -223,4 +232,5 @@ def run_with_failure(fleet: Fleet, *, policy: str = "cache_aware", retries: bool
     requests["when"] = ["sent after the kill" if s >= kill_s else
                         ("under way at the kill" if e > kill_s else "done before the kill")
                         for s, e in zip(requests["start_s"], requests["end_s"], strict=True)]
-    return FailureRun(policy, retries, victim.index, kill_s, requests, router_counters(fleet, victim.url), timeout_s)
+    return FailureRun(policy, retries, victim.index, kill_s, requests, router_counters(fleet, victim.url), timeout_s,
+                      victim.url)

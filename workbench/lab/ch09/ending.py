@@ -168,9 +168,26 @@ def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: 
             caveat_note="only for requests sent after the kill: of those under way, a stream already forwarded is "
                         "cut mid-answer, one that got an error status back is refused, and one whose connection "
                         "died before its first token fails; their clients must retry themselves",
-            wrong_note=("some requests sent after the kill failed: the router did not hide the dead worker"
-                        if failure.retries_enabled else
+            wrong_note=(_hidden_failure_note(failure) if failure.retries_enabled else
                         "with retries off, every request the router sends to the dead replica fails (HTTP 500) "
                         "until its circuit breaker opens (after 10 failures by default) or its health check "
                         "(every 60 s) gives up on it")),
     ])
+
+
+def _hidden_failure_note(failure: FailureRun) -> str:
+    """Why requests sent after the kill failed although the router retries, read from their errors and counters."""
+    after = failure.after_kill()
+    failed = after[after["outcome"] != "completed"]
+    dead = failure.failed_on_the_dead_replica()
+    last = float(failed["start_s"].max() - failure.kill_s)
+    text = (f"{len(failed)} of {len(after)} requests sent after the kill failed, the last sent {last:.1f} s after "
+            "it")
+    if len(dead) == len(failed):
+        text += (f"; each got the router's HTTP 500 naming the killed replica once its retries were exhausted (the "
+                 f"router counted {failure.router['retries_exhausted']:.0f} exhausted): the retries went back to "
+                 "the dead worker, which the policy still chose for that prefix, because its circuit breaker "
+                 "opens only after 10 failures; every request sent later completed on the live replica")
+    else:
+        text += "; the router did not hide the dead worker from them"
+    return text
