@@ -11,7 +11,7 @@ Two signals, either one enough:
 - **waiting for a CPU**: Linux keeps, for every thread, the time it ran and the time it was ready to run but
   waited for a CPU (`workbench.schedstat`). ``watch()`` reads those books around a measurement; when
   this process's threads spent more than ``WAIT_LIMIT`` of their runnable time waiting, other work held the
-  cores. On a quiet machine the share is a few percent; beside one busy loop on a shared core it is about half.
+  cores. On a quiet machine the share is 0-4%; beside one busy loop on a shared core it is a third to a half.
 - **the same work timed twice disagreeing**: two runs of identical work (the same prompt's prefill in both arms
   of a comparison, repeats of one step) that differ by more than ``AGREEMENT`` times. Quiet repeats of one shape
   agree within about 10% (`workbench.lab.kit.evidence.TIMING_FLOOR`); the busy run above had 1,621 against
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from workbench.lab.kit.closing import Takeaway
 
 # Share of this process's runnable time spent waiting for a CPU above which the run counts as contended.
-# Measured on the project's 2-core machine (benchmarks/RESULTS.md): a few percent when quiet; 40-60% with torch's
-# threads beside one busy loop sharing their cores.
+# Measured on the project's 2-core machine (benchmarks/RESULTS.md, "A busy machine"): 0-4% with the cores it needs
+# free; 34% at 2 threads beside one busy loop (decode 3.1x slower); 66-88% with other jobs on the machine.
 WAIT_LIMIT = 0.25
 # Two timings of the same work further apart than this ratio: something else took the machine in between.
 AGREEMENT = 1.5

@@ -3,9 +3,10 @@ only the cores the rest of the machine left free when it is not.
 
 torch splits each CPU op across its threads and waits for the slowest one, with its OpenMP threads spinning
 while they wait. When another process holds one of the cores, the thread on that core stalls every op and the
-spinning ones take CPU from it: on the project's 2-core machine decode fell from about 27 to 0.5-8 tokens/s at 2
-threads, while 1 thread kept 14-20 (benchmarks/RESULTS.md, "A busy machine"). One thread costs about a quarter
-of the speed on a quiet machine, so the choice is made again before every panel measures: look at what the other
+spinning ones take CPU from it. On the project's 2-core machine (benchmarks/RESULTS.md, "A busy machine"): quiet,
+2 threads decode 63.9 tokens/s and 1 thread 44.4; beside one busy loop 2 threads fall to 20.8 while 1 keeps 40.1;
+with other jobs running, 2 threads collapsed to 0.5-1.1 and 1 thread kept 5-42. One thread gives up a third of
+the speed on a quiet machine, so the choice is made again before every panel measures: look at what the other
 processes used over the last ``SAMPLE_S`` seconds (``/proc/stat``, on this process's cores), and give torch the
 cores that were free, at least one and never more than it started with (``OMP_NUM_THREADS``, the test suite's
 share). ``WORKBENCH_LAB_THREADS=N`` fixes the number instead.
