@@ -67,6 +67,15 @@ def tag_checked_cells(nb) -> int:
     return moved
 
 
+def busy_outputs(nb) -> int:
+    """How many stored outputs say the machine was busy while they were measured (`workbench.lab.kit.contention`):
+    a refresh on a shared machine stores timings that are the neighbours' as much as the engine's."""
+    from workbench.lab.kit.contention import BUSY
+
+    return sum(BUSY in str(output.get("data", {}).get("text/plain", "")) for cell in nb.cells
+               for output in cell.get("outputs", []))
+
+
 def refresh(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     tag_checked_cells(nb)
@@ -79,6 +88,10 @@ def refresh(path: Path) -> float:
     nb.metadata.pop("widgets", None)
     nb.metadata["kernelspec"] = kernelspec_metadata()
     record_run(nb, elapsed)
+    busy = busy_outputs(nb)
+    if busy:
+        print(f"{path.name}: {busy} outputs say the machine was busy while they were measured; refresh on a quiet "
+              "machine (tests/test_notebook_refresh.py checks it)", file=sys.stderr)
     problems = check_stored_figures(nb)
     if problems:
         raise SystemExit(f"{path.name}: " + "; ".join(problems))
