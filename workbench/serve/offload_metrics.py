@@ -16,8 +16,6 @@ connector), which tests/test_prometheus_real.py checks.
 
 from __future__ import annotations
 
-from dataclasses import astuple
-
 from prometheus_client import Counter, Gauge, Histogram
 
 # vLLM's transfer-size buckets (1 MB - 200 MB), with two smaller ones in front.
@@ -51,13 +49,11 @@ class OffloadSeries:
         self.degraded = Gauge("workbench:kv_offload_writes_stopped", "1 once the tier stopped storing (a full "
                               "disk, a quota, a read-only file system); 0 while it stores.", names,
                               registry=registry).labels(*values)
-        self._seen = astuple(tier.counters)[:-1]
+        self._seen = _snapshot(tier.counters)
 
     def export(self, tier) -> None:
         c = tier.counters
-        now = astuple(c)[:-1]
-        was = dict(zip(_FIELDS, self._seen, strict=True))
-        self._seen = now
+        was, self._seen = self._seen, _snapshot(c)
         size = tier.block_size
         self.bytes["store"].inc(c.store_bytes - was["store_bytes"])
         self.bytes["restore"].inc(c.restore_bytes - was["restore_bytes"])
@@ -74,5 +70,8 @@ class OffloadSeries:
         self.degraded.set(1 if store.degraded else 0)
 
 
-_FIELDS = ("looked_up_blocks", "available_blocks", "restored_blocks", "declined_blocks", "stored_blocks",
-           "store_bytes", "restore_bytes", "store_seconds", "restore_seconds", "store_ops", "restore_ops")
+_FIELDS = ("looked_up_blocks", "restored_blocks", "store_bytes", "restore_bytes", "store_seconds", "restore_seconds")
+
+
+def _snapshot(counters) -> dict[str, float]:
+    return {name: getattr(counters, name) for name in _FIELDS}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from workbench.cache.tier.codec import BlockCodec
@@ -28,7 +29,8 @@ class TierUnavailable(RuntimeError):
     """The tier cannot store or give back blocks (why: the message); the engine goes on without it."""
 
 
-CALIBRATION_BLOCKS = 8  # blocks per timed transfer at start-up (and 1): the slope and the fixed part
+CALIBRATION_BLOCKS = 8
+SIZES_KEPT = 4096  # blocks per timed transfer at start-up (and 1): the slope and the fixed part
 
 
 @dataclass(slots=True)
@@ -46,14 +48,19 @@ class TierCounters:
     restore_seconds: float = 0.0
     store_ops: int = 0
     restore_ops: int = 0
-    transfer_sizes: list[tuple[str, int]] = field(default_factory=list)  # ("store"/"restore", bytes), not yet read
+    # ("store"/"restore", bytes) of each transfer the metrics have not read yet; the newest few thousand only, so an
+    # engine that nobody scrapes does not grow it for ever
+    transfer_sizes: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=SIZES_KEPT))
 
 
 class KVTier:
+    """One engine's second tier. ``root`` (the fingerprint's digest) roots every block name; ``rule`` decides
+    restore or recompute (restore always until ``calibrate`` has the measured costs)."""
+
     def __init__(self, config: KVOffloadConfig, codec: BlockCodec, store: HostStore | DiskStore,
-                 print_: Fingerprint, block_size: int):
+                 stamp: Fingerprint, block_size: int):
         self.config, self.codec, self.store = config, codec, store
-        self.fingerprint, self.root = print_, print_.digest
+        self.fingerprint, self.root = stamp, stamp.digest
         self.block_size = block_size
         self.write_through = config.write_policy == "write_through"
         self.rule = RestoreRule(None, None, None, block_size, mode="always" if config.restore == "auto"
@@ -65,12 +72,12 @@ class KVTier:
     @classmethod
     def build(cls, config: KVOffloadConfig, model, cache) -> KVTier:
         codec = BlockCodec(cache)
-        print_ = fingerprint(model, cache, codec.bytes_per_block)
+        stamp = fingerprint(model, cache, codec.bytes_per_block)
         if config.kind == "host":
             store: HostStore | DiskStore = HostStore(codec, config.size_bytes)
         else:
-            store = DiskStore(codec, config.size_bytes, config.directory, print_)
-        return cls(config, codec, store, print_, cache.block_size)
+            store = DiskStore(codec, config.size_bytes, config.directory, stamp)
+        return cls(config, codec, store, stamp, cache.block_size)
 
     # ------------------------------------------------------------------------------------------- counting
     def note_lookup(self, looked_up: int, available: int, restoring: int) -> None:
@@ -103,6 +110,8 @@ class KVTier:
             self._store(spills)
         if restores:
             self._restore([h for h, _ in restores], [b for _, b in restores])
+        else:  # lookups whose reads all failed restore nothing: their time is not a restore's
+            self._reserve_s = 0.0
 
     def _store(self, entries) -> None:
         start = time.perf_counter()
@@ -123,11 +132,13 @@ class KVTier:
         c, size = self.counters, count * self.codec.bytes_per_block
         if kind == "store":
             c.stored_blocks += count
-            c.store_bytes, c.store_seconds, c.store_ops = c.store_bytes + size, c.store_seconds + seconds, \
-                c.store_ops + 1
+            c.store_bytes += size
+            c.store_seconds += seconds
+            c.store_ops += 1
         else:
-            c.restore_bytes, c.restore_seconds, c.restore_ops = c.restore_bytes + size, \
-                c.restore_seconds + seconds, c.restore_ops + 1
+            c.restore_bytes += size
+            c.restore_seconds += seconds
+            c.restore_ops += 1
         c.transfer_sizes.append((kind, size))
 
     def flush(self, blocks) -> None:
@@ -136,7 +147,8 @@ class KVTier:
         self.move(blocks)
 
     def take_transfer_sizes(self) -> list[tuple[str, int]]:
-        sizes, self.counters.transfer_sizes = self.counters.transfer_sizes, []
+        sizes = list(self.counters.transfer_sizes)
+        self.counters.transfer_sizes.clear()
         return sizes
 
     # ---------------------------------------------------------------------------------------- calibration
