@@ -15,7 +15,7 @@ the load average before each round is recorded, and the spread (min-max over rou
   through the workbench's contiguous KV cache, logits for the last row (what ``generate`` does before its first
   token).
 
-    .venv/bin/python benchmarks/bench_vs_llamacpp.py --build       # once: ~10 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_vs_llamacpp.py --build       # once: 10-30 minutes on 2 cores
     .venv/bin/python benchmarks/bench_vs_llamacpp.py [--threads 2] [--rounds 5] [--weights q4_1,int8_all]
         [--decode-tokens 64] [--prompt-tokens 512] [--no-write]
 
@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from workbench.llamacpp import LLAMA_CPP_PYTHON, RESULT_PATH, build_llama_bench, llama_bench_path, run_llama_bench
+from workbench.paths import DATASETS_DIR
 from workbench.timing import describe_cpu
 
 DECODE_PROMPT = "Write a long story about a lighthouse keeper who finds a map."
@@ -60,12 +61,12 @@ def workbench_prefill(weights: str, prompt: int, models: dict) -> float:
     """One prefill of ``prompt`` held-out tokens through a contiguous cache, logits of the last row: tokens/s."""
     from workbench.cache.contiguous import ContiguousKVCache
     from workbench.models import load_model
-    from workbench.quality.format_sweep import heldout_ids
 
     if weights not in models:
         models[weights] = load_model(device="cpu", weights=weights)
     model, tokenizer = models[weights]
-    ids = torch.tensor(heldout_ids(tokenizer, prompt))
+    text = (DATASETS_DIR / "eval" / "heldout.txt").read_text()
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:prompt])
     cache = ContiguousKVCache(model.spec, max_batch=1, max_len=prompt)
     with torch.inference_mode():
         start = time.perf_counter()

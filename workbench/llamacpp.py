@@ -6,9 +6,10 @@ measures both engines side by side and stores the result (`RESULT_PATH`), which 
 draws with the machine it was measured on; where ``llama-bench`` has been built on this machine, the panel can
 also run it live.
 
-The build (`build_llama_bench`, ~10 minutes on 2 cores) downloads the sdist with pip, unpacks the llama.cpp it
-vendors and compiles only the ``llama-bench`` target with the building CPU's instructions (``GGML_NATIVE``), into
-the cache directory. Nothing here runs in the test suite's default command.
+The build (`build_llama_bench`) downloads the sdist with pip, unpacks the llama.cpp it vendors and compiles only
+the ``llama-bench`` target with the building CPU's instructions (``GGML_NATIVE``), into the cache directory: 33
+minutes at low priority on the shared 2-core machine while it was busy (2026-11-26). Nothing here runs in the test
+suite's default command.
 """
 
 from __future__ import annotations
