@@ -20,6 +20,7 @@ from workbench.lab.ch02.eviction import EvictionSweep, PolicyComparison
 from workbench.lab.ch02.panels import CONTIGUOUS, HIT, MISS, TTFT, prefix_status
 from workbench.lab.ch02.runs import WITH_CACHE, WITHOUT_CACHE, CacheComparison, PagedTrace, PrefixRun, prefix_prompts
 from workbench.lab.kit.closing import ClosingTable, Verdict
+from workbench.lab.kit.contention import BUSY, Contention
 from workbench.lab.kit.figures import trace
 from workbench.workloads import mixed_lengths, static_instructions
 
@@ -42,6 +43,12 @@ def test_cache_vs_no_cache_lab(tiny_model, tokenizer):
     lab.max_tokens.value = 16
     assert len(trace(lab.figure, WITH_CACHE).x) == 15
     assert "tokens/s" in lab.status.value
+    # both modes start with the same prefill: the panel hands that pair to its busy check
+    (what, first_s, second_s), = lab.same_work()
+    latest = lab.result
+    assert what == f"the prefill of {latest.prompt_tokens} tokens"
+    assert (first_s, second_s) == (latest.ttft_ms(WITH_CACHE) / 1e3, latest.ttft_ms(WITHOUT_CACHE) / 1e3)
+    assert lab.contention is not None and what in [pair[0] for pair in lab.contention.pairs]
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +209,21 @@ def test_every_measured_row_can_turn():
                _prefix_run("static first", True, [700.0, 700.0, 700.0], [0, 0, 0])]
     against = ch02.closing_table(cache, share, paged, history, eviction, policies)
     assert rows_that_never_turn(agree, against) == [2]
+
+
+def test_timing_rows_say_the_machine_was_busy_instead_of_concluding():
+    """The newcomer's busy run: its cached decode drawn slower, the row said 'wrong'. With the panel's reading
+    passed on, the timing rows say the machine was busy; the rows from counts keep their verdicts."""
+    quiet, busy = Contention(3.0, 2.9, 0.1), Contention(14.6, 4.6, 10.0)
+    cache, share, paged, history, eviction, policies = _results(fast=3.0)
+    assert ch02.closing_table(cache, share, paged, history, eviction, policies,
+                              cache_contention=quiet).verdicts[0] is Verdict.WRONG
+    table = ch02.closing_table(cache, share, paged, history, eviction, policies, cache_contention=busy,
+                               prefix_contentions=(quiet, busy))
+    assert table.verdicts[0] is Verdict.NOT_MEASURABLE and table.rows[0].note.startswith(BUSY)
+    assert table.verdicts[3] is Verdict.NOT_MEASURABLE and "waited for a CPU 68%" in table.rows[3].note
+    counts = ch02.closing_table(cache, share, paged, history, eviction, policies).verdicts
+    assert [table.verdicts[i] for i in (1, 2, 4)] == [counts[i] for i in (1, 2, 4)]
 
 
 def test_the_chapter_baseline_records_what_section_3_and_7_timed(tiny_model):

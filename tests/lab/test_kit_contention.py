@@ -70,6 +70,10 @@ def test_a_busy_run_turns_a_verdict_into_not_measurable_with_a_rerun_note():
     busy = busy_takeaway(row, Contention(3.0, 1.0, 2.0))
     assert busy.verdict is Verdict.NOT_MEASURABLE and busy.note.startswith(BUSY)
     assert busy.claim == row.claim and busy.measured == row.measured and busy.evidence == row.evidence
+    # a row from two runs: quiet while both were, not measurable as soon as one was busy
+    assert busy_takeaway(row, Contention(3.0, 2.9, 0.1), None) is row
+    both = busy_takeaway(row, Contention(3.0, 2.9, 0.1), Contention(3.0, 1.0, 2.0))
+    assert both.verdict is Verdict.NOT_MEASURABLE and "67%" in both.note
 
 
 @linux_only

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 import pytest
 
 import workbench.lab.kit.panel as panel_module
-from workbench.lab.kit.panel import RERUN_NOTE, LabPanel
+from workbench.lab.kit.panel import PROGRESS_NOTE, RERUN_NOTE, LabPanel
 from workbench.lab.kit.progress import TICK_S
 
 
@@ -168,4 +168,6 @@ def test_a_later_cell_rerunning_a_panel_shows_the_progress_line_where_the_learne
     monkeypatch.setattr(panel_module, "current_execution", lambda: "a later cell")
     monkeypatch.setattr(panel_module, "display", lambda obj, **_: shown.append(obj))
     panel.size.value = 3
-    assert shown[0] is panel.progress.widget  # first, before the measurement's new outputs
+    # first, before the measurement's new outputs; stored with a sentence, not the widget's repr
+    view = shown[0]["application/vnd.jupyter.widget-view+json"]
+    assert view["model_id"] == panel.progress.widget.model_id and shown[0]["text/plain"] == PROGRESS_NOTE

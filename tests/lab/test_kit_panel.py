@@ -129,7 +129,7 @@ def test_the_closing_table_is_stored_whole():
     assert "holds with a caveat: only at batch 1" in html and "holds with a caveat: only at batch 1" in repr(table)
     assert table.verdicts == [Verdict.HOLDS, Verdict.CAVEAT]
     frame = table.frame()
-    assert list(frame.columns) == ["the seed's takeaway", "measured here", "evidence (n, effect, margin)",
+    assert list(frame.columns) == ["the book's takeaway", "measured here", "evidence (n, effect, margin)",
                                    "verdict"] and len(frame) == 2
     assert "a count: effect 3.00x (claim: &gt; 1.00x); computed, exact (no noise)" in html
     assert "evidence: a count: effect 3.00x (claim: > 1.00x)" in repr(table)

@@ -1,5 +1,5 @@
 """Chapter 1's ending: 'Try this' exercises whose answers the package computes, and the closing table that sets
-each of the course's key takeaways beside what the chapter measured and a verdict.
+each of the book's key takeaways beside what the chapter measured and a verdict.
 
 Every verdict is computed from the chapter's own results (`LayerTiming` with full causal attention,
 `ContextTTFT`, `AttentionMemory`) and the configs in ``datasets/configs``, by explicit thresholds written next to
@@ -17,6 +17,7 @@ from workbench.cache.sizing import cached_tokens, dtype_bytes, kv_bytes, kv_byte
 from workbench.lab.ch01.memory import AttentionMemory
 from workbench.lab.ch01.runs import ContextTTFT, LayerTiming
 from workbench.lab.kit.closing import ClosingTable, Takeaway
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import config_names, model_spec
@@ -43,7 +44,7 @@ def exercises() -> dict[str, Exercise]:
     llama = model_spec("llama-3-8b")
     return {
         "full_context_kv": Exercise(
-            "The course's own exercise: how many bytes of KV cache does one Llama-3-70B sequence take at its full "
+            "The book's own exercise: how many bytes of KV cache does one Llama-3-70B sequence take at its full "
             "context (max_position_embeddings in datasets/configs/llama-3-70b.json), in bf16?",
             lambda: _full_context_kv("llama-3-70b"), rel_tol=0.0,
             why="2 (K and V) x 80 layers x 8 KV heads x 128 dims x 8,192 tokens x 2 bytes.",
@@ -116,7 +117,7 @@ def crossover_summary() -> str:
 
 
 def read_config(name: str) -> dict:
-    """A config of ``datasets/configs`` as its JSON (the fields the course's exercise reads)."""
+    """A config of ``datasets/configs`` as its JSON (the fields the book's exercise reads)."""
     return json.loads((CONFIGS_DIR / f"{name}.json").read_text())
 
 
@@ -231,9 +232,15 @@ def _context_cost(ttft: ContextTTFT, memory: AttentionMemory) -> Takeaway:
         wrong_note=f"here a batch of {SERVING_BATCH} full-context sequences stays below the weights")
 
 
-def closing_table(layer: LayerTiming, ttft: ContextTTFT, memory: AttentionMemory) -> ClosingTable:
-    """The course's chapter-1 takeaways, what this chapter measured for each, and a computed verdict.
+def closing_table(layer: LayerTiming, ttft: ContextTTFT, memory: AttentionMemory, *,
+                  layer_contention: Contention | None = None,
+                  ttft_contention: Contention | None = None) -> ClosingTable:
+    """The book's chapter-1 takeaways, what this chapter measured for each, and a computed verdict.
 
     ``layer``: the layer timing with full causal attention (section 3), ``ttft``: the TTFT sweep (section 6),
-    ``memory``: the memory sweep (section 7)."""
-    return ClosingTable([_quadratic(layer), _heads(), _variants(), _ttft(ttft), _context_cost(ttft, memory)])
+    ``memory``: the memory sweep (section 7). ``layer_contention`` / ``ttft_contention``: those two panels'
+    readings (``panel.contention`` of the run the result came from): a row judged from their timings says "the
+    machine was busy" instead of concluding when its reading was busy; the rows from counts do not read them."""
+    return ClosingTable([busy_takeaway(_quadratic(layer), layer_contention), _heads(), _variants(),
+                         busy_takeaway(_ttft(ttft), ttft_contention),
+                         busy_takeaway(_context_cost(ttft, memory), ttft_contention)])

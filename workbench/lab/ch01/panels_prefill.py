@@ -1,4 +1,4 @@
-"""Chapter 1's panels for the two claims the course only states: ``ContextTTFTLab`` (time to first token against
+"""Chapter 1's panels for the two claims the book only states: ``ContextTTFTLab`` (time to first token against
 prompt length on the loaded model, with the decode step beside it and the prefill's FLOP count scaled onto the
 same axes) and ``AttentionMemoryLab`` (one layer's activation peak with materialised N x N scores against the
 engine's fused attention, with the score matrix's size and the layer's KV bytes as theory lines).

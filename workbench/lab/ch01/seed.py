@@ -1,5 +1,5 @@
 """Chapter 1's seed claims recomputed (`workbench.lab.kit.seed_claims`; the list is datasets/seed_claims/ch01.csv):
-each check returns what the configs and the package's arithmetic give for one number or rule of the seed."""
+each check returns what the configs and the package's arithmetic give for one number or rule of the book."""
 
 from __future__ import annotations
 
@@ -103,5 +103,5 @@ CHECKS = {"pairs_1k": lambda: _pairs(1000), "pairs_4k": lambda: _pairs(4000), "p
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 1, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 1, with what this chapter finds for it."""
     return kit.table("ch01", CHECKS)

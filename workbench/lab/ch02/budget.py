@@ -1,6 +1,6 @@
 """What share of a GPU the KV cache gets, computed the way a serving engine sizes it at start-up.
 
-The course says the KV cache "is often 10-30% of total GPU memory". A serving engine does not aim for a share:
+The book says the KV cache "is often 10-30% of total GPU memory". A serving engine does not aim for a share:
 it takes the memory it may use (device memory x utilization), subtracts the weights and the activation peak
 of its largest step, and turns everything left into KV blocks (`workbench.cache.sizing.block_budget`). The share
 therefore follows from the model, the GPU and the tensor-parallel degree, and this module computes it for real
@@ -37,7 +37,7 @@ GPU_MEMORY = {"24 GiB GPU": 24 * GiB, "80 GiB GPU": 80 * GiB, "141 GiB GPU": 141
 STEP_TOKENS = 8192  # tokens in the engine's largest step: what the activation peak is sized for
 UTILIZATION = 0.9  # share of GPU memory the engine may use (vLLM's gpu_memory_utilization default)
 BLOCK_SIZE = 16
-SEED_RANGE = (0.10, 0.30)  # the course's "10-30% of total GPU memory"
+SEED_RANGE = (0.10, 0.30)  # the book's "10-30% of total GPU memory"
 
 # (config, GPU, number of GPUs under tensor parallelism): small and large models on common cards.
 DEPLOYMENTS = (
@@ -105,7 +105,7 @@ def kv_share_table(deployments=DEPLOYMENTS, *, utilization: float = UTILIZATION,
 
 
 def share_verdict(table: pd.DataFrame) -> dict[str, float]:
-    """Lowest and highest KV share among deployments that fit, and how many fall in the course's 10-30%."""
+    """Lowest and highest KV share among deployments that fit, and how many fall in the book's 10-30%."""
     shares = table["kv_cache"].dropna()
     inside = shares.between(*SEED_RANGE)
     return {"lowest": float(shares.min()), "highest": float(shares.max()), "inside": int(inside.sum()),
@@ -150,7 +150,7 @@ class KVShare:
 
     @property
     def inside_share(self) -> float:
-        """Share of the deployments that fit whose KV share falls inside the seed's 10-30%."""
+        """Share of the deployments that fit whose KV share falls inside the book's 10-30%."""
         v = self.verdict
         return v["inside"] / max(v["fitting"], 1)
 

@@ -1,5 +1,5 @@
 """Chapter 2's ending: 'Try this' exercises whose answers the package computes (with the engine's own block
-manager where blocks are involved), and the closing table that sets each of the course's key takeaways beside
+manager where blocks are involved), and the closing table that sets each of the book's key takeaways beside
 what the chapter measured and a verdict computed from the chapter's results.
 """
 
@@ -14,6 +14,7 @@ from workbench.lab.ch02.eviction import EvictionSweep, PolicyComparison, evictio
 from workbench.lab.ch02.policy_sim import simulate
 from workbench.lab.ch02.runs import WITH_CACHE, WITHOUT_CACHE, CacheComparison, PagedTrace, PrefixRun
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
@@ -92,12 +93,12 @@ def exercises() -> dict[str, Exercise]:
     }
 
 
-def _cache_row(cache: CacheComparison) -> Takeaway:
+def _cache_row(cache: CacheComparison, contention: Contention | None = None) -> Takeaway:
     steps = Evidence.bootstrap("decode step without / with the cache", cache.decode_steps_ms(WITHOUT_CACHE),
                                cache.decode_steps_ms(WITH_CACHE), n_label="decode steps")
     same = Evidence.exact("greedy tokens identical with and without the cache", float(cache.same_tokens), 0.5,
                           unit="")
-    return Takeaway.judged(
+    row = Takeaway.judged(
         "The KV cache stores keys and values, eliminating redundant computation during generation.",
         f"decode {cache.cached_tokens_per_s:.1f} vs {cache.recompute_tokens_per_s:.1f} tokens/s with and without "
         f"the cache ({cache.speedup:.1f}x); identical greedy tokens both ways: {cache.same_tokens}",
@@ -105,6 +106,7 @@ def _cache_row(cache: CacheComparison) -> Takeaway:
         wrong_note="not seen in this run: " + (
             "the greedy tokens differ between the modes" if not cache.same_tokens else
             "decoding was no faster with the cache (at this short a context the recompute is cheap)"))
+    return busy_takeaway(row, contention)
 
 
 def _size_row(share: KVShare) -> Takeaway:
@@ -139,7 +141,7 @@ def _paged_row(paged: PagedTrace) -> Takeaway:
         wrong_note="paged blocks wasted no less than contiguous buffers here")
 
 
-def _prefix_row(history: list[PrefixRun]) -> Takeaway:
+def _prefix_row(history: list[PrefixRun], contentions: tuple[Contention | None, ...] = ()) -> Takeaway:
     claim = "Prefix caching cuts prefill for shared static prompts, for exact token matches only."
     runs = {(r.layout, r.caching): r for r in history}  # the latest run of each configuration
     hit, off, dynamic = (runs.get(k) for k in (("static first", True), ("static first", False),
@@ -155,7 +157,7 @@ def _prefix_row(history: list[PrefixRun]) -> Takeaway:
     exact_only = Evidence.exact("token hit rate with the per-request header first", dynamic.hit_rate,
                                 hit.warm_hit_rate / 2, expect="below", n=len(dynamic.frame),
                                 n_label=f"{len(dynamic.frame)} requests (token counts)", unit="%")
-    return Takeaway.judged(
+    row = Takeaway.judged(
         claim,
         f"median TTFT after the first request: {hit.later_median_ms:.0f} ms with hits vs {off.later_median_ms:.0f} "
         f"ms with caching off ({speedup:.1f}x); with the per-request header first the hit rate is "
@@ -164,6 +166,7 @@ def _prefix_row(history: list[PrefixRun]) -> Takeaway:
         wrong_note="not seen in this run: " + (
             "requests with the header first still hit the cache" if dynamic.hit_rate else
             "hits were not clearly faster than the same requests with caching off"))
+    return busy_takeaway(row, *contentions)
 
 
 def _eviction_row(eviction: EvictionSweep, policies: PolicyComparison) -> Takeaway:
@@ -181,7 +184,13 @@ def _eviction_row(eviction: EvictionSweep, policies: PolicyComparison) -> Takeaw
 
 
 def closing_table(cache: CacheComparison, share: KVShare, paged: PagedTrace, prefix_history: list[PrefixRun],
-                  eviction: EvictionSweep, policies: PolicyComparison) -> ClosingTable:
-    """The course's chapter-2 takeaways, what this chapter measured for each, and a computed verdict."""
-    return ClosingTable([_cache_row(cache), _size_row(share), _paged_row(paged), _prefix_row(prefix_history),
-                         _eviction_row(eviction, policies)])
+                  eviction: EvictionSweep, policies: PolicyComparison, *, cache_contention: Contention | None = None,
+                  prefix_contentions: tuple[Contention | None, ...] = ()) -> ClosingTable:
+    """The book's chapter-2 takeaways, what this chapter measured for each, and a computed verdict.
+
+    ``cache_contention``: the with/without-cache panel's reading (``panel.contention``); ``prefix_contentions``:
+    the prefix panel's readings of the runs its row compares (hits, and caching off). A row judged from a timing
+    says "the machine was busy" instead of concluding when one of its readings was busy; rows judged from counts
+    (sizes, blocks, hit rates) do not depend on them."""
+    return ClosingTable([_cache_row(cache, cache_contention), _size_row(share), _paged_row(paged),
+                         _prefix_row(prefix_history, prefix_contentions), _eviction_row(eviction, policies)])

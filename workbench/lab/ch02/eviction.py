@@ -151,7 +151,7 @@ class EvictionSweep:
                 f"still gave a hit rate of {first['hit_rate']:.0%} ({int(first['requests_hit'])} "
                 f"requests hit): the engine releases a finished request's blocks deepest first, so LRU evicts the "
                 "deep end of an old prefix before its first blocks, and the next request with that prefix finds "
-                "them. That is the prefix-aware order the seed describes, measured." + none)
+                "them. That is the prefix-aware order the book describes, measured." + none)
 
 
 def eviction_run(model, tokenizer, *, num_prefixes: int = 4, num_requests: int = 24, pattern: str = PATTERNS[0],

@@ -1,7 +1,7 @@
 """Parallel sampling (``n > 1``) on the paged cache: siblings share the prompt's blocks, and copy-on-write gives
 each one a private copy of a block only when it is about to write into a shared one.
 
-The course mentions copy-on-write only for beam search. The engine uses it for every request with ``n > 1``:
+The book mentions copy-on-write only for beam search. The engine uses it for every request with ``n > 1``:
 after the prompt's prefill, the other samples are forked from the first (`BlockManager.fork`: same block table,
 reference counts + 1), and the next decode step, which writes each sample's first token into the partly filled
 last block, copies that block for every sibling but the last writer. ``parallel_sampling_trace`` runs such a

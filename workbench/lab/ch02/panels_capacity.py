@@ -1,7 +1,7 @@
 """Chapter 2's memory-planning panels, computed from real configs (no weights are built):
 
-* ``KVShareLab`` tests the course's "KV cache is 10-30% of GPU memory": the share a serving engine gives the
-  cache on each of several deployments, with the course's band drawn across the bars;
+* ``KVShareLab`` tests the book's "KV cache is 10-30% of GPU memory": the share a serving engine gives the
+  cache on each of several deployments, with the book's band drawn across the bars;
 * ``KVCapacityLab`` plots the KV bytes of a batch against batch size for several context lengths, for one
   model, under the KV budget a chosen GPU (or several, tensor-parallel) leaves it.
 
@@ -41,7 +41,7 @@ def context_trace(context: int) -> str:
 
 
 class KVShareLab(LabPanel):
-    """The KV cache's share of GPU memory on several deployments, next to the course's 10-30%."""
+    """The KV cache's share of GPU memory on several deployments, next to the book's 10-30%."""
 
     def __init__(self, *, utilization: float = UTILIZATION, step_tokens: int = STEP_TOKENS):
         self.utilization = widgets.Dropdown(options=[0.8, 0.9, 0.95], value=utilization,
@@ -51,7 +51,7 @@ class KVShareLab(LabPanel):
         fig = go.Figure()
         fig.add_bar(name=SHARE_BAR, orientation="h", marker_color=KV_COLOR, textposition="outside")
         fig.add_vrect(x0=100 * SEED_RANGE[0], x1=100 * SEED_RANGE[1], fillcolor="#ffbb78", opacity=0.35,
-                      line_width=0, annotation_text="the seed's 10–30%", annotation_position="top left")
+                      line_width=0, annotation_text="the book's 10–30%", annotation_position="top left")
         fig.update_xaxes(title_text="KV cache share of the GPUs' memory (%)", range=[0, 105])
         fig.update_yaxes(autorange="reversed")
         style(fig, "What a serving engine leaves the KV cache", COMPUTED_FROM, height=520)
@@ -77,7 +77,7 @@ class KVShareLab(LabPanel):
         v = result.verdict
         self.status.value = (
             f"Across {v['fitting']} deployments that fit, the KV cache gets from <b>{v['lowest']:.0%}</b> to "
-            f"<b>{v['highest']:.0%}</b> of GPU memory; <b>{v['inside']}</b> fall inside the seed's 10–30%, and "
+            f"<b>{v['highest']:.0%}</b> of GPU memory; <b>{v['inside']}</b> fall inside the book's 10–30%, and "
             f"{v['not_fitting']} cannot hold the weights at all. The share is whatever weights and activations "
             "leave, not a fraction anyone chooses.")
 

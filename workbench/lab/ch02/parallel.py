@@ -3,7 +3,7 @@ holds against the tensor-parallel degree, for real configs, from `workbench.cach
 KV heads split across ranks, replicated once the degree passes their number). Nothing is allocated: the numbers
 are computed from ``datasets/configs`` and are the same on every machine.
 
-The seed's three statements about multi-GPU caches are checked here: its 64-heads-on-4-GPUs example, its
+The book's three statements about multi-GPU caches are checked here: its 64-heads-on-4-GPUs example, its
 pipeline example (80 layers on 4 stages), and "the total KV cache memory is the same regardless of how it is
 distributed", which replication contradicts.
 """
@@ -55,7 +55,7 @@ def tp_sweep(models: tuple[str, ...] = MODELS, *, max_degree: int = MAX_DEGREE,
 
 @dataclass(frozen=True)
 class SeedParallelChecks:
-    """The seed's statements, each recomputed: heads per GPU in its 64-head example on a real 64-head config,
+    """The book's statements, each recomputed: heads per GPU in its 64-head example on a real 64-head config,
     layers per stage in its pipeline example, and the fleet-wide KV total with and without replication."""
 
     example_model: str
@@ -69,7 +69,7 @@ class SeedParallelChecks:
 
     @property
     def heads_claim_holds(self) -> bool:
-        """The seed's GPU 'stores KV cache for those 16 heads only': true only if it holds 16 KV heads."""
+        """The book's GPU 'stores KV cache for those 16 heads only': true only if it holds 16 KV heads."""
         return self.kv_heads_per_gpu == self.seed_heads_per_gpu
 
     @property
@@ -78,7 +78,7 @@ class SeedParallelChecks:
 
 
 def parallel_seed_checks(sweep: TPSweep) -> SeedParallelChecks:
-    spec = model_spec("llama-3-70b")  # 64 query heads, 8 KV heads, 80 layers: the seed's numbers
+    spec = model_spec("llama-3-70b")  # 64 query heads, 8 KV heads, 80 layers: the book's numbers
     share = gpu_share(spec, 4)
     widest = sweep.frame[sweep.frame["model"] == spec.name].iloc[-1]
     total = widest["kv_bytes_per_token_all_gpus"] / widest["kv_bytes_per_token_one_gpu"]

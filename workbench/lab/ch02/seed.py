@@ -76,5 +76,5 @@ CHECKS = {"recompute_cost": _recompute_cost, "llama3_8b": _llama3_8b, "llama3_70
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 2, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 2, with what this chapter finds for it."""
     return kit.table("ch02", CHECKS)

@@ -4,7 +4,7 @@ in datasets/hosted/pricing.json) on top of the engine's real prefix cache, whose
     bench.py           HostedBench (one warmed-up engine, a simulated clock), the prompt layouts, the conversation
     runs.py            result objects and the runs that make them: LayoutRun, MultiTurnRun, MinimumRun, HttpUsage
     economics.py       the price-table side: Economics (daily cost, break-even per TTL window and per day), the
-                       seed's worked example recomputed, TTLTimeline
+                       book's worked example recomputed, TTLTimeline
     panels.py          EconomicsLab, TTLLab
     panels_engine.py   LayoutLab, MultiTurnLab, MinimumLab
     ending.py          the exercises and the closing table

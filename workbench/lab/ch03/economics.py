@@ -1,5 +1,5 @@
 """Chapter 3's price-table side, without widgets and without the engine: daily cost with and without caching
-against requests per day (and the daily rate where the two meet), the seed's worked example recomputed, and
+against requests per day (and the daily rate where the two meet), the book's worked example recomputed, and
 requests on a simulated clock against the TTL. Everything here is computed from `datasets/hosted/pricing.json`
 through `workbench.hosted`; nothing is timed.
 """
@@ -91,16 +91,16 @@ def daily_economics(provider: str = "anthropic", model: str = "claude-sonnet-4-6
 
 
 def seed_example_table() -> pd.DataFrame:
-    """The seed's worked example: what it says next to what the package computes from the same prices."""
+    """The book's worked example: what it says next to what the package computes from the same prices."""
     ex = seed_worked_example()
-    # The seed's own figures, quoted so the notebook can compare them with the computation.
+    # The book's own figures, quoted so the notebook can compare them with the computation.
     seed_says = {"break-even requests": "≈ 1.5", "uncached per day": "$120", "cached per day": "$12",
                  "saving per month": "roughly $3,240"}
     computed = {"break-even requests": f"{ex['break_even_exact']:.3f} (so {ex['break_even_requests']} requests)",
                 "uncached per day": f"${ex['uncached_per_day']:,.2f}",
                 "cached per day": f"${ex['cached_per_day']:,.4f}",
                 "saving per month": f"${ex['saving_per_month']:,.2f}"}
-    return pd.DataFrame({"quantity": list(seed_says), "the seed says": list(seed_says.values()),
+    return pd.DataFrame({"quantity": list(seed_says), "the book says": list(seed_says.values()),
                          "computed here": list(computed.values())})
 
 

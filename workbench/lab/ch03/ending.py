@@ -1,5 +1,5 @@
 """Chapter 3's ending: 'Try this' exercises whose answers the package computes, and the closing table that sets
-each of the seed chapter's takeaways beside what the chapter measured and a verdict computed from the chapter's
+each of the book chapter's takeaways beside what the chapter measured and a verdict computed from the chapter's
 own runs (`LayoutRun`, `MultiTurnRun`, `HttpUsage`) and the price table (`Economics`)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from workbench.lab.kit.closing import ClosingTable, Takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 
-# The seed's "N ≈ 1.5": a computed N* further than this from it makes the figure loose (a caveat).
+# The book's "N ≈ 1.5": a computed N* further than this from it makes the figure loose (a caveat).
 SEED_N = 1.5
 LOOSE = 0.1
-# The seed's "within 2-3 requests".
+# The book's "within 2-3 requests".
 WITHIN = 3
 
 
@@ -90,7 +90,7 @@ def _break_even(econ: Economics) -> Takeaway:
     low_traffic = per_day is not None and per_day > 0
     notes = []
     if loose:
-        notes.append(f"the seed's 'N ≈ {SEED_N}' is loose: N* = {five:.2f}")
+        notes.append(f"the book's 'N ≈ {SEED_N}' is loose: N* = {five:.2f}")
     if low_traffic:
         notes.append(f"the requests must fall within the TTL: with random arrivals caching pays only from about "
                      f"{per_day:,.0f} requests a day")
@@ -156,7 +156,7 @@ def _dynamic(dynamic: LayoutRun, static: LayoutRun) -> Takeaway:
 
 def closing_table(static: LayoutRun, dynamic: LayoutRun, multi: MultiTurnRun, http: HttpUsage,
                   econ: Economics) -> ClosingTable:
-    """The seed's five chapter-3 takeaways, what this chapter measured for each, and a computed verdict.
+    """The book's five chapter-3 takeaways, what this chapter measured for each, and a computed verdict.
 
     ``static``/``dynamic``: the layout runs with the static text first and a dynamic line on top (section 4),
     ``multi``: the two breakpoint placements (section 5), ``http``: usage through the server (section 8),

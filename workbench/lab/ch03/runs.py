@@ -27,7 +27,7 @@ from workbench.workloads import static_instructions
 
 
 def hit_rate(frame: pd.DataFrame) -> float:
-    """Cache reads over all prompt tokens: the seed's measure, read from usage fields."""
+    """Cache reads over all prompt tokens: the book's measure, read from usage fields."""
     total = frame["prompt_tokens"].sum()
     return float(frame["cache_read"].sum() / total) if total else 0.0
 

@@ -79,5 +79,5 @@ CHECKS = {"ttl": _ttl, "read_share": _read_share, "openai_share": _openai_share,
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 3, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 3, with what this chapter finds for it."""
     return kit.table("ch03", CHECKS)

@@ -4,7 +4,7 @@ made of, TTFT against prompt length, a long prompt among decoders with and witho
     steps.py             result objects of engine steps: RooflineSteps (with the chapter's Baseline), DecodeSweep
     runs.py              TTFT by prompt length (TTFTSweep); a long prompt among decoders per schedule (ScheduleSweep)
     streaming.py         one request streamed and unstreamed in alternating rounds (StreamRun)
-    arithmetic.py        the course's numbers recomputed: decode floors, ridge batch and prompt length, streaming
+    arithmetic.py        the book's numbers recomputed: decode floors, ridge batch and prompt length, streaming
     panels.py            RooflineLab, DecodeLab
     panels_timing.py     PrefillTTFTLab, ChunkedPrefillLab
     panels_streaming.py  StreamingLab

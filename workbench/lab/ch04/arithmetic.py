@@ -1,6 +1,6 @@
-"""The course's chapter-4 numbers recomputed from the package: the decode floor of a model (weight bytes over
-bandwidth), the seed's 7B and 70B decode times beside it, where prefill and decode cross this device's ridge
-point, and the seed's streaming arithmetic. Computed, not timed (the ridge point is the measured one)."""
+"""The book's chapter-4 numbers recomputed from the package: the decode floor of a model (weight bytes over
+bandwidth), the book's 7B and 70B decode times beside it, where prefill and decode cross this device's ridge
+point, and the book's streaming arithmetic. Computed, not timed (the ridge point is the measured one)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from workbench.lab.kit.feasibility import DEVICES, check, smallest_feasible
 from workbench.models import model_spec
 from workbench.roofline import DevicePeaks, count_step, decode_work, prefill_work
 
-# The course's decode claims: (model config, what it says a decode step takes on "a fast GPU", in ms).
+# The book's decode claims: (model config, what it says a decode step takes on "a fast GPU", in ms).
 SEED_DECODE_CLAIMS = (("llama-2-7b", 20.0, 30.0), ("llama-3-70b", 150.0, 200.0))
 # A100 80GB: ~2 TB/s, the HBM bandwidth an A100 80GB is sold with (2.04 TB/s: workbench.lab.kit.feasibility).
 A100_BYTES_PER_S = 2.0e12
-SEED_GPU = "A100 80GB"  # the seed's "fast GPU"
+SEED_GPU = "A100 80GB"  # the book's "fast GPU"
 
 
 def decode_floor_ms(spec: ModelSpec, bytes_per_s: float, *, dtype: torch.dtype = torch.bfloat16) -> float:
@@ -28,8 +28,8 @@ def decode_floor_ms(spec: ModelSpec, bytes_per_s: float, *, dtype: torch.dtype =
 
 
 def seed_decode_claims(peaks: DevicePeaks, device: str = SEED_GPU) -> pd.DataFrame:
-    """The course's 7B and 70B decode step times beside the floors weight bytes allow, and the bandwidth the
-    course's times imply (weights / claimed time). The GPU floor is computed on the smallest deployment of
+    """The book's 7B and 70B decode step times beside the floors weight bytes allow, and the bandwidth the
+    book's times imply (weights / claimed time). The GPU floor is computed on the smallest deployment of
     ``device`` that holds the weights (`workbench.lab.kit.feasibility`): a 141 GB model on one 80 GB GPU is no
     deployment, so its floor is taken at the tensor-parallel degree it needs, each GPU reading half the weights."""
     rows = []
@@ -37,7 +37,7 @@ def seed_decode_claims(peaks: DevicePeaks, device: str = SEED_GPU) -> pd.DataFra
         spec = model_spec(name)
         weights = weight_bytes(spec, torch.bfloat16)
         alone, fits = check(name, device), smallest_feasible(name, device)
-        rows.append({"model (bf16)": name, "weights GB": weights / 1e9, "seed says (ms)": f"{low:.0f}-{high:.0f}",
+        rows.append({"model (bf16)": name, "weights GB": weights / 1e9, "the book says (ms)": f"{low:.0f}-{high:.0f}",
                      "floor here (ms)": decode_floor_ms(spec, peaks.bytes_per_s),
                      f"on one {device}": "fits" if alone.fits else f"needs TP >= {alone.smallest_tp}",
                      "GPU floor (ms)": fits.decode_floor_ms,
@@ -48,15 +48,15 @@ def seed_decode_claims(peaks: DevicePeaks, device: str = SEED_GPU) -> pd.DataFra
 
 
 def implied_bandwidth_reading(table: pd.DataFrame, device: str = SEED_GPU) -> str:
-    """How the bandwidth the seed's times imply compares with the GPU's, read from ``seed_decode_claims``."""
+    """How the bandwidth the book's times imply compares with the GPU's, read from ``seed_decode_claims``."""
     sold = DEVICES[device].bytes_per_s / 1e12
     top = max(float(v.split("-")[1]) for v in table["implied TB/s per GPU"])
-    return (f"the seed's times imply at most {top:.2f} TB/s per GPU, {top / sold:.0%} of the {sold:.2f} TB/s an "
+    return (f"the book's times imply at most {top:.2f} TB/s per GPU, {top / sold:.0%} of the {sold:.2f} TB/s an "
             f"{device} is sold with")
 
 
 def streaming_arithmetic(tokens: int = 300, tokens_per_s: float = 20.0, buffered_s: float = 3.0) -> dict[str, float]:
-    """The course's streaming example: ``tokens`` at ``tokens_per_s`` take tokens / rate seconds; the rate that
+    """The book's streaming example: ``tokens`` at ``tokens_per_s`` take tokens / rate seconds; the rate that
     would make that equal to ``buffered_s``."""
     if tokens < 1 or tokens_per_s <= 0 or buffered_s <= 0:
         raise ValueError(f"need tokens >= 1, tokens_per_s > 0, buffered_s > 0; got {tokens}, {tokens_per_s}, "

@@ -1,5 +1,5 @@
 """Chapter 4's ending: 'Try this' exercises whose answers the package computes, and the closing table that sets
-each of the course's five key takeaways beside what the chapter measured and a verdict.
+each of the book's five key takeaways beside what the chapter measured and a verdict.
 
 Every verdict is computed from the chapter's results (`RooflineSteps`, `DecodeSweep`, two `TTFTSweep`s,
 `ScheduleSweep`, `StreamRun`) by the thresholds written next to each one, so a rerun on another machine can
@@ -14,6 +14,7 @@ from workbench.lab.ch04.steps import DecodeSweep, RooflineSteps
 from workbench.lab.ch04.streaming import SAME_TOTAL, StreamRun
 from workbench.lab.kit.baseline import Baseline
 from workbench.lab.kit.closing import ClosingTable, Takeaway
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.lab.kit.feasibility import DEVICES, smallest_feasible
@@ -53,7 +54,7 @@ def exercises(roofline: RooflineSteps, ttft_alone: TTFTSweep) -> dict[str, Exerc
                 "until it crosses the ridge", hint="compare count_step(...).intensity with roofline.peaks.ridge",
             rel_tol=0.0),
         "ttft_ratio": Exercise(
-            "The course's 'Try this': by what factor is the longest prompt's TTFT longer than the shortest's in "
+            "The book's 'Try this': by what factor is the longest prompt's TTFT longer than the shortest's in "
             "the TTFT panel (one request at a time)?",
             lambda: ttft_alone.ttft_ratio,
             why="a short prompt still reads every weight once, so TTFT grows far less than the prompt length",
@@ -167,7 +168,19 @@ def timing_baseline(decode: DecodeSweep, alone: TTFTSweep, machine: str, dtype: 
 
 
 def closing_table(roofline: RooflineSteps, decode: DecodeSweep, ttft_alone: TTFTSweep, ttft_burst: TTFTSweep,
-                  chunked: ScheduleSweep, streaming: StreamRun) -> ClosingTable:
-    """The course's chapter-4 takeaways, what this chapter measured for each, and a computed verdict."""
-    return ClosingTable([_phases(roofline), _latencies(ttft_alone, ttft_burst, decode), _chunking(chunked),
-                         _continuous(chunked), _streaming(streaming)])
+                  chunked: ScheduleSweep, streaming: StreamRun, *, roofline_contention: Contention | None = None,
+                  decode_contention: Contention | None = None, alone_contention: Contention | None = None,
+                  burst_contention: Contention | None = None, chunked_contention: Contention | None = None,
+                  streaming_contention: Contention | None = None) -> ClosingTable:
+    """The book's chapter-4 takeaways, what this chapter measured for each, and a computed verdict.
+
+    The ``*_contention`` arguments are the panels' readings (``panel.contention``) of the runs each result came
+    from (the TTFT panel's two runs each their own): every row here is judged from timings (the ridge point is
+    measured too), so a row whose reading was busy says "the machine was busy" instead of concluding."""
+    return ClosingTable([
+        busy_takeaway(_phases(roofline), roofline_contention),
+        busy_takeaway(_latencies(ttft_alone, ttft_burst, decode), alone_contention, burst_contention,
+                      decode_contention),
+        busy_takeaway(_chunking(chunked), chunked_contention),
+        busy_takeaway(_continuous(chunked), chunked_contention),
+        busy_takeaway(_streaming(streaming), streaming_contention)])

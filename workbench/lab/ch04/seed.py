@@ -42,7 +42,7 @@ def _chunk_32k() -> str:
     prefill = count_step(spec, prefill_work(32768), dtype=torch.bfloat16)
     chunk = count_step(spec, prefill_work(512, cached=16384), dtype=torch.bfloat16)
     return (f"a 32K-token prefill of Llama-3-8B needs {prefill.flops / 1e15:.2f} PFLOP, at least "
-            f"{prefill.flops / dev.bf16_flops:.2f} s at an H100's bf16 peak (the seed's '2 seconds' fits a slower "
+            f"{prefill.flops / dev.bf16_flops:.2f} s at an H100's bf16 peak (the book's '2 seconds' fits a slower "
             f"GPU or a larger model); a 512-token chunk halfway through, at least "
             f"{chunk.flops / dev.bf16_flops * 1e3:.0f} ms: the stall each decode step sees")
 
@@ -52,5 +52,5 @@ CHECKS = {"request_1000_200": _request_1000_200, "step_70b": _step_70b, "stream"
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 4, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 4, with what this chapter finds for it."""
     return kit.table("ch04", CHECKS)

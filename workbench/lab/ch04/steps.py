@@ -83,7 +83,7 @@ class RooflineSteps:
 
     @property
     def phases_split(self) -> bool:
-        """The seed's claim as measured: batch-1 decode left of the ridge, the longest prefill right of it."""
+        """The book's claim as measured: batch-1 decode left of the ridge, the longest prefill right of it."""
         return bool(self.decode_one["intensity"] < self.peaks.ridge < self.longest_prefill["intensity"])
 
     def baseline(self) -> Baseline:

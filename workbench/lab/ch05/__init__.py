@@ -3,7 +3,7 @@ its knee, what bounds the batch, and who gets served first.
 
     runs.py               result objects: ModesRun, ConcurrencySweep (knees, goodput), VarianceEffect,
                           BatchCapacity; padding_waste (the load itself: workbench.bench.synthetic)
-    claims.py             the course's loose claims computed: dynamic_wait_effect, block_waste,
+    claims.py             the book's loose claims computed: dynamic_wait_effect, block_waste,
                           utilization_split, priority_run (PriorityRun), cache_aware_hit_rates
     panels.py             ModesLab, ConcurrencySweepLab (and the EnginePanel they share)
     panels_scheduling.py  VarianceLab, BatchCapacityLab, PriorityLab

@@ -1,6 +1,6 @@
-"""Chapter 5's checks of the course's loose claims, and the priority-scheduling run.
+"""Chapter 5's checks of the book's loose claims, and the priority-scheduling run.
 
-- The course's dynamic batcher is said to "collect requests for up to T ms", but its loop pops only what is
+- The book's dynamic batcher is said to "collect requests for up to T ms", but its loop pops only what is
   already queued and leaves as soon as the queue is empty: it never waits. `dynamic_wait_effect` runs the
   engine's dynamic batching with a wait of 0 (what that loop does) and with a real wait on the same Poisson
   arrivals and counts how many requests each batch started with.
@@ -71,16 +71,16 @@ def wait_reading(waits: pd.DataFrame) -> str:
 
 
 def padding_reading(share: float, seed_range: tuple[float, float] = (0.5, 0.7)) -> str:
-    """Where a padding share falls against the seed's 50-70%."""
+    """Where a padding share falls against the book's 50-70%."""
     low, high = seed_range
     where = "inside" if low <= share <= high else ("below" if share < low else "above")
-    return f"{share:.0%} of the padded slots are padding ({where} the seed's {low:.0%}–{high:.0%})"
+    return f"{share:.0%} of the padded slots are padding ({where} the book's {low:.0%}–{high:.0%})"
 
 
 def seed_batch_feasibility(model: str = "llama-3-70b", device: str = "A100 80GB",
                            batches: tuple[int, ...] = (64, 256),
                            contexts: tuple[int, ...] = (1024, 4096)) -> pd.DataFrame:
-    """The seed's "a 70B model on an A100 needs batches of 64-256", checked as a deployment
+    """The book's "a 70B model on an A100 needs batches of 64-256", checked as a deployment
     (`workbench.lab.kit.feasibility`): whether one GPU holds the weights and the batch's KV (bf16), and the
     smallest tensor-parallel degree that does, with the floor of one decode step there."""
     rows = []
@@ -114,14 +114,14 @@ def block_waste(total_lengths: list[int], block_sizes: tuple[int, ...] = (1, 8, 
 
 def utilization_split(model: str = "llama-3-8b", device_gib: float = 80.0, utilization: float = 0.9,
                       activation_gib: float = 2.0) -> pd.DataFrame:
-    """Memory of one GPU under ``gpu_memory_utilization``: the course's reading (the fraction is the KV cache)
+    """Memory of one GPU under ``gpu_memory_utilization``: the book's reading (the fraction is the KV cache)
     beside what the engine (and vLLM) do: the fraction caps weights + activation peak + KV together."""
     spec = model_spec(model)
     budget = block_budget(spec, int(device_gib * GiB), utilization=utilization,
                           activation_bytes=int(activation_gib * GiB))
     weights = weight_bytes(spec, torch.bfloat16) / GiB
     return pd.DataFrame([
-        {"reading": "the course: the fraction is reserved for the KV cache", "weights_GiB": weights,
+        {"reading": "the book: the fraction is reserved for the KV cache", "weights_GiB": weights,
          "activations_GiB": activation_gib, "kv_GiB": device_gib * utilization,
          "total_GiB": weights + activation_gib + device_gib * utilization},
         {"reading": "engine / vLLM: the fraction caps everything", "weights_GiB": weights,

@@ -9,6 +9,7 @@ from workbench.cache.sizing import max_concurrency
 from workbench.lab.ch05.claims import block_waste
 from workbench.lab.ch05.runs import BatchCapacity, ConcurrencySweep, VarianceEffect, padding_waste
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 
@@ -60,8 +61,12 @@ def _p90(values: np.ndarray) -> float:
 
 
 def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: BatchCapacity,
-                  hits: pd.DataFrame) -> ClosingTable:
-    """The course's five key takeaways, each with what this notebook measured and a verdict computed from it."""
+                  hits: pd.DataFrame, *, sweep_contention: Contention | None = None) -> ClosingTable:
+    """The book's five key takeaways, each with what this notebook measured and a verdict computed from it.
+
+    ``sweep_contention``: the concurrency sweep panel's reading (``panel.contention``). The two rows judged from
+    the sweep's timings (throughput and TTFT against users; the frontier) say "the machine was busy" instead of
+    concluding when it was busy; the rows from step counts, peak batches and hit rates do not depend on it."""
     cont = sweep.curve("continuous")
     low, high = cont.iloc[0], cont.iloc[-1]
     ratios, steps = variance.ratios, variance.step_ratios
@@ -70,7 +75,7 @@ def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: B
     knees, k = sweep.knees(), sweep.knee("continuous")
     caps = {c.name: c.value for c in sweep.mode_caps("continuous")}
     rows = [
-        Takeaway.judged(
+        busy_takeaway(Takeaway.judged(
             "Batching raises utilization, but larger batches mean longer waits.",
             f"continuous batching, {int(low['concurrency'])} -> {int(high['concurrency'])} users: "
             f"{low['output_tok_s']:.0f} -> {high['output_tok_s']:.0f} output tok/s, TTFT p90 "
@@ -79,7 +84,7 @@ def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: B
                               [high["output_tok_s"]], [low["output_tok_s"]], n_label="run of each", settings=caps),
              Evidence.bootstrap(f"TTFT p90, {int(high['concurrency'])} / {int(low['concurrency'])} users",
                                 _ttfts(high), _ttfts(low), stat=_p90)],
-            wrong_note="throughput did not rise with the batch, or TTFT did not grow with it, here"),
+            wrong_note="throughput did not rise with the batch, or TTFT did not grow with it, here"), sweep_contention),
         Takeaway.judged(
             "Continuous batching removes static batching's structural waste.",
             f"static / continuous engine steps: {steps['fixed']:.2f}x with equal output lengths, "
@@ -108,9 +113,9 @@ def closing_table(sweep: ConcurrencySweep, variance: VarianceEffect, capacity: B
             Evidence.exact("hit rate, cache-aware minus FCFS", aware - fcfs, 0.0, n_label="token counts", unit="pts"),
             caveat=True,
             caveat_note="measured on one engine's queue with a workload built for it (two prefix families, a pool "
-                        "that holds one); the course's fleet-level routing is chapter 9's",
+                        "that holds one); the book's fleet-level routing is chapter 9's",
             wrong_note="cache-aware admission did not raise the hit rate here"),
-        frontier_takeaway(sweep, knees, k),
+        busy_takeaway(frontier_takeaway(sweep, knees, k), sweep_contention),
     ]
     return ClosingTable(rows)
 

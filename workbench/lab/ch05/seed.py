@@ -22,13 +22,13 @@ def _utilization() -> str:
 def _fill_time() -> str:
     return (f"16 requests at 4 per second: {16 / 4:.0f} s to fill (holds); with a 2-second budget a batch that waits "
             f"can hold {2 * 4} requests, so batching still works, smaller (the 'cannot use batching at all' is wrong); "
-            "and the engines the course names do not wait to fill a batch at all")
+            "and the engines the book names do not wait to fill a batch at all")
 
 
 def _dynamic_defaults() -> str:
     config = SchedulerConfig()
-    return (f"the seed's batcher: batch 16, 50 ms; the engine's dynamic mode: batch {config.dynamic_batch_size}, "
-            f"{config.dynamic_max_wait_s * 1e3:.0f} ms by default (section 2 sets them), and the seed's loop never "
+    return (f"the book's batcher: batch 16, 50 ms; the engine's dynamic mode: batch {config.dynamic_batch_size}, "
+            f"{config.dynamic_max_wait_s * 1e3:.0f} ms by default (section 2 sets them), and the book's loop never "
             "waits for its deadline (cell 2.4)")
 
 
@@ -53,5 +53,5 @@ CHECKS = {"a100_price": _a100_price, "utilization": _utilization, "fill_time": _
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 5, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 5, with what this chapter finds for it."""
     return kit.table("ch05", CHECKS)

@@ -2,13 +2,13 @@
 format's bytes, capacity and quality, int8 weights' speed, and the benchmark's cached weight × KV sweep (measured
 engine-side by `workbench.quality.format_sweep`).
 
-    memory.py         weight bytes per format and the seed's layered 70B table, recomputed from configs
+    memory.py         weight bytes per format and the book's layered 70B table, recomputed from configs
     activations.py    one layer's real inputs through int8 weights four ways; how uneven activations are
     runs.py           result objects: KVFormats, WeightFormats, ActivationRounding, FormatSweep (the cached sweep,
                       with what a quantized KV costs in speed on this CPU)
     panels.py         KVFormatLab, WeightFormatLab
     panels_sweep.py   ActivationLab, FormatSweepLab
-    ending.py         the seed's loose figures (seed_checks, seed_hierarchy), the exercises and the closing table
+    ending.py         the book's loose figures (seed_checks, seed_hierarchy), the exercises and the closing table
     on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
 

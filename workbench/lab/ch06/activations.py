@@ -1,6 +1,6 @@
 """Why activations are harder to quantize than weights, measured on one linear layer of the real model.
 
-Why it exists: the seed says activations "have more dynamic range" than weights, and keys and values are
+Why it exists: the book says activations "have more dynamic range" than weights, and keys and values are
 activations. Here the real inputs of a chosen layer (captured with a forward hook while the model reads the
 held-out text) go through the same int8 weights four ways, and the output is compared with the float layer's:
 

@@ -1,4 +1,4 @@
-"""Chapter 6's closing material: where the seed is loose (with numbers), the 'Try this' exercises, and the
+"""Chapter 6's closing material: where the book is loose (with numbers), the 'Try this' exercises, and the
 closing table on the kit's `ClosingTable`, every verdict computed from the chapter's results (`runs`).
 """
 
@@ -12,18 +12,19 @@ from workbench.lab.ch06.capacity_run import MemoryLimitedRun
 from workbench.lab.ch06.memory import GB, GiB, hierarchy_table, int4_weight_bytes
 from workbench.lab.ch06.runs import FormatSweep, KVFormats, WeightFormats
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.models import model_spec
 
-H100_TBPS, A100_TBPS = 3.35, 2.0  # the seed's bandwidth figures (H100 SXM, A100 80GB SXM: 2.04 TB/s)
-SEED_SPEC = "llama-3-70b"  # the seed's "80 layers, 8 KV heads, head dim 128" model
+H100_TBPS, A100_TBPS = 3.35, 2.0  # the book's bandwidth figures (H100 SXM, A100 80GB SXM: 2.04 TB/s)
+SEED_SPEC = "llama-3-70b"  # the book's "80 layers, 8 KV heads, head dim 128" model
 SCALES = "int8 with a fresh fp16 scale per token and head, fp8 with static scales calibrated per layer and head"
 PERPLEXITY_NEAR = 0.02  # "near-fp16 quality": perplexity within 2% of the full-precision cache's
 
 
 def seed_checks(kv: KVFormats) -> pd.DataFrame:
-    """The seed's loose statements against the package's arithmetic and the KV panel's measurements."""
+    """The book's loose statements against the package's arithmetic and the KV panel's measurements."""
     spec = model_spec(SEED_SPEC)
     fp16_kv = kv_bytes(spec, 8192, kv_format="float16")
     int8_kv = kv_bytes(spec, 8192, kv_format="int8")
@@ -46,11 +47,11 @@ def seed_checks(kv: KVFormats) -> pd.DataFrame:
         ("H100 (3.35 TB/s) moves data 'nearly twice as fast' as A100 (2.0 TB/s)",
          f"{H100_TBPS} / {A100_TBPS} = {H100_TBPS / A100_TBPS:.3f}×", "loose: 1.68×, not ~2×"),
     ]
-    return pd.DataFrame(rows, columns=["the seed says", "computed / measured here", "verdict"])
+    return pd.DataFrame(rows, columns=["the book says", "computed / measured here", "verdict"])
 
 
 def fp8_quality_reading(kv: KVFormats) -> str:
-    """One reading of the fp8-vs-int8 quality claim, shared by the seed-check table and closing row 3."""
+    """One reading of the fp8-vs-int8 quality claim, shared by the book-check table and closing row 3."""
     fp8, int8 = kv.frame.loc["fp8_e4m3"], kv.frame.loc["int8"]
     near = abs(fp8.perplexity / fp8.perplexity_reference - 1) < PERPLEXITY_NEAR
     if not near:
@@ -63,7 +64,7 @@ def fp8_quality_reading(kv: KVFormats) -> str:
 
 
 def seed_hierarchy() -> pd.DataFrame:
-    """The seed's layered table for its 70B model (`workbench.lab.ch06.memory.hierarchy_table`)."""
+    """The book's layered table for its 70B model (`workbench.lab.ch06.memory.hierarchy_table`)."""
     return hierarchy_table(model_spec(SEED_SPEC))
 
 
@@ -121,9 +122,15 @@ def _capacity(kv: KVFormats, sweep: FormatSweep, memory: MemoryLimitedRun, budge
 
 
 def closing_table(kv: KVFormats, weights: WeightFormats, sweep: FormatSweep, memory: MemoryLimitedRun, *,
-                  budget_gib: float = 1.0, context: int = 2048) -> ClosingTable:
-    """The seed's five takeaways against this chapter's measurements (live panels, the memory-limited run and
-    the cached sweep)."""
+                  budget_gib: float = 1.0, context: int = 2048,
+                  memory_contention: Contention | None = None) -> ClosingTable:
+    """The book's five takeaways against this chapter's measurements (live panels, the memory-limited run and
+    the cached sweep).
+
+    ``memory_contention``: the memory-limited panel's reading (``panel.contention``); the first row, which reads
+    that run's throughputs, says "the machine was busy" instead of concluding when it was busy. The other rows
+    rest on byte counts, teacher-forced quality and the cached sweep; the int8-weights speed only appears in the
+    hardware row, which is not measurable here anyway."""
     t = kv.table(budget_gib, context)
     int8_kv, fp8_kv = t.loc["int8"], t.loc["fp8_e4m3"]
     base, both = sweep.row("auto", "auto"), sweep.row("int8", "int8")
@@ -137,7 +144,7 @@ def closing_table(kv: KVFormats, weights: WeightFormats, sweep: FormatSweep, mem
                                             round(base[c] * items), items, expect="below", n_label="items")
                        for c in recall]
     return ClosingTable([
-        _capacity(kv, sweep, memory, budget_gib, context),
+        busy_takeaway(_capacity(kv, sweep, memory, budget_gib, context), memory_contention),
         Takeaway.judged(
             "Weight and cache quantization are independent: layer them.",
             f"cached sweep: mean KL int8 weights {only_w.kl_mean:.2e}, int8 KV {only_kv.kl_mean:.2e}, both "

@@ -1,14 +1,14 @@
-"""Chapter 6's arithmetic: weight bytes per format and the seed's layered table, recomputed from configs.
+"""Chapter 6's arithmetic: weight bytes per format and the book's layered table, recomputed from configs.
 
-Why it exists: the seed's quantization hierarchy (70B weights at 140 GB in fp16 or 35 GB in int4, KV of 2.68 or
+Why it exists: the book's quantization hierarchy (70B weights at 140 GB in fp16 or 35 GB in int4, KV of 2.68 or
 1.34 GB per 8K sequence, "~16" or "~33" sequences on an 80 GB GPU) is arithmetic on a config, so the package
-recomputes it, in both GB (10^9 bytes, the seed's unit) and GiB (2^30, what a GPU's "80 GB" really holds), with
+recomputes it, in both GB (10^9 bytes, the book's unit) and GiB (2^30, what a GPU's "80 GB" really holds), with
 the scales a quantized format needs counted.
 
 The engine's formats come from `workbench.cache.sizing` (weights ``auto``/``int8``/``int8_all``/``q4_1``/``q8_0``,
 the last two GGUF blocks of 32 weights with fp16 scales, as the real model's file ships them; KV ``auto``,
 ``fp8_e4m3``, ``int8``, ``int4``). int4 *weights* are not an engine format; their bytes here are arithmetic, for
-the seed's rows: 4 bits per linear weight plus an fp16 scale and zero per group of 128 (as GPTQ/AWQ store them),
+the book's rows: 4 bits per linear weight plus an fp16 scale and zero per group of 128 (as GPTQ/AWQ store them),
 embeddings and LM head left in 16 bits, as those checkpoints leave them.
 """
 
@@ -59,18 +59,18 @@ def weight_formats(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> pd.D
     return frame
 
 
-SEED_ROWS = (  # (weights, KV) of the seed's layered table, with the sequences it claims on one 80 GB GPU
+SEED_ROWS = (  # (weights, KV) of the book's layered table, with the sequences it claims on one 80 GB GPU
     ("fp16", "float16", None), ("int4", "float16", 16), ("int4", "fp8_e4m3", 33), ("int4", "int8", 33))
 
 
 def _weights_of(spec: ModelSpec, name: str, *, seed_units: bool) -> int:
-    if seed_units:  # the seed: every parameter at 16 or 4 bits, no scales
+    if seed_units:  # the book: every parameter at 16 or 4 bits, no scales
         return spec.num_parameters() * (2 if name == "fp16" else 1) // (1 if name == "fp16" else 2)
     return weight_bytes(spec, torch.float16) if name == "fp16" else int4_weight_bytes(spec, torch.float16)
 
 
 def hierarchy_table(spec: ModelSpec, *, context: int = 8192, device_gb: int = 80) -> pd.DataFrame:
-    """The seed's layered table recomputed for ``spec``: its arithmetic (GB, no scales, the whole device for
+    """The book's layered table recomputed for ``spec``: its arithmetic (GB, no scales, the whole device for
     weights + KV) beside what the package counts (scales included; the device's GiB, 90% usable)."""
     rows = []
     for weights, kv, claimed in SEED_ROWS:

@@ -45,5 +45,5 @@ CHECKS = {"bits": _bits, "gpus": _gpus, "kv_8k": _kv_8k, "bandwidth": _bandwidth
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 6, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 6, with what this chapter finds for it."""
     return kit.table("ch06", CHECKS)

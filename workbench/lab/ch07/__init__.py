@@ -1,6 +1,6 @@
 """Chapter 7, speculative decoding on the real engine, with the theory drawn beside every measurement.
 
-    runs.py           measurements without widgets: the seed's arithmetic redone, today's vLLM names and counters,
+    runs.py           measurements without widgets: the book's arithmetic redone, today's vLLM names and counters,
                       AcceptanceRun (both proposers on a task set beside plain decoding), BatchRun (the same at
                       several batch sizes); the runs themselves are engine-side (workbench.spec.experiments)
     trace.py          one request pass by pass (RequestTrace) and its token-coloured HTML view

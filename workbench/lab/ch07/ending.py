@@ -1,5 +1,5 @@
 """Chapter 7's ending: the 'Try this' exercises (answers computed by `workbench.spec.theory`, or from a run the
-notebook just measured) and the closing table that sets each of the seed's five takeaways beside what the chapter
+notebook just measured) and the closing table that sets each of the book's five takeaways beside what the chapter
 measured, with a verdict computed from the results by the conditions written next to each row."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from workbench.lab.ch07.runs import AcceptanceRun, BatchRun, physical_r
 from workbench.lab.ch07.trees import TreeComparison
 from workbench.lab.kit.closing import ClosingTable, Takeaway
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.spec.experiments.forward_cost import ForwardCurve
@@ -16,7 +17,7 @@ from workbench.spec.stats import expected_tokens_per_pass
 from workbench.spec.theory import best_k, break_even_alpha
 
 LOOKUP, HEAD = "prompt lookup", "trained draft"
-SEED_THRESHOLD = 0.70  # the seed's "below ~70% acceptance it may not pay"
+SEED_THRESHOLD = 0.70  # the book's "below ~70% acceptance it may not pay"
 
 
 def exercises() -> dict[str, Exercise]:
@@ -154,9 +155,20 @@ def _monitor(grounded: AcceptanceRun, chat: AcceptanceRun, sampling: SamplingChe
 
 
 def closing_table(curve: ForwardCurve, grounded: AcceptanceRun, chat: AcceptanceRun, batch: BatchRun,
-                  sampling: SamplingCheck, trees: TreeComparison) -> ClosingTable:
-    """The seed's five takeaways, what this chapter measured for each, and a computed verdict."""
+                  sampling: SamplingCheck, trees: TreeComparison, *, curve_contention: Contention | None = None,
+                  grounded_contention: Contention | None = None, chat_contention: Contention | None = None,
+                  batch_contention: Contention | None = None,
+                  trees_contention: Contention | None = None) -> ClosingTable:
+    """The book's five takeaways, what this chapter measured for each, and a computed verdict.
+
+    The ``*_contention`` arguments are the panels' readings (``panel.contention``) of the runs each result came
+    from (the acceptance panel's grounded and open-chat runs each their own). Every row reads a speedup or a
+    forward's cost, so a row whose reading was busy says "the machine was busy" instead of concluding."""
     if grounded.task != "grounded" or chat.task != "open chat":
         raise ValueError(f"pass the grounded run, then the open-chat run (got {grounded.task!r}, {chat.task!r})")
-    return ClosingTable([_amortize(curve, grounded), _acceptance(grounded, chat), _batch(batch),
-                         _trees(trees, chat), _monitor(grounded, chat, sampling)])
+    return ClosingTable([
+        busy_takeaway(_amortize(curve, grounded), curve_contention, grounded_contention),
+        busy_takeaway(_acceptance(grounded, chat), grounded_contention, chat_contention),
+        busy_takeaway(_batch(batch), batch_contention),
+        busy_takeaway(_trees(trees, chat), trees_contention),
+        busy_takeaway(_monitor(grounded, chat, sampling), grounded_contention, chat_contention)])

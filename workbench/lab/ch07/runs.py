@@ -1,4 +1,4 @@
-"""Chapter 7's measurements and what it computes, without widgets: the seed's arithmetic redone, today's vLLM
+"""Chapter 7's measurements and what it computes, without widgets: the book's arithmetic redone, today's vLLM
 names for the same counters, and the result objects the panels, the prose and the closing table read
 (`AcceptanceRun`: one task set with both proposers beside plain decoding; `BatchRun`: the same at several batch
 sizes). The runs themselves live engine-side in `workbench.spec.experiments`.
@@ -34,7 +34,7 @@ def load_draft(model):
     return load(model)
 
 
-# The seed's worked example: a 150 ms target step, ~20 ms for the draft's 4 tokens, "90% acceptance"; a 70B
+# The book's worked example: a 150 ms target step, ~20 ms for the draft's 4 tokens, "90% acceptance"; a 70B
 # target on "an A100" drafted by an 8B model.
 SEED_TARGET_MS, SEED_DRAFT_MS, SEED_ALPHA, SEED_K = 150.0, 20.0, 0.9, 4
 SEED_TARGET, SEED_DRAFT, SEED_GPU = "llama-3-70b", "llama-3-8b", "A100 80GB"
@@ -67,8 +67,8 @@ def gpu_batch_reading(k: int = 4, device: str = "H100 SXM", model: str = "llama-
 
 
 def seed_timeline_check() -> pd.DataFrame:
-    """The seed's timeline as a deployment (`workbench.lab.kit.feasibility`): where the 70B target fits, the
-    floors of its step and of four 8B drafts, and the seed's speedup recomputed at those floors."""
+    """The book's timeline as a deployment (`workbench.lab.kit.feasibility`): where the 70B target fits, the
+    floors of its step and of four 8B drafts, and the book's speedup recomputed at those floors."""
     target = smallest_feasible(SEED_TARGET, SEED_GPU)
     draft = smallest_feasible(SEED_DRAFT, SEED_GPU)
     drafts_ms = SEED_K * draft.decode_floor_ms
@@ -82,14 +82,14 @@ def seed_timeline_check() -> pd.DataFrame:
         ("4 draft tokens of an 8B model (one A100)", f"~{SEED_DRAFT_MS:.0f} ms",
          f"at least {drafts_ms:.1f} ms ({draft.decode_floor_ms:.1f} ms each): "
          + ("below the floor" if drafts_ms > SEED_DRAFT_MS else "possible")),
-        ("speedup at α = 0.9 with the seed's 150 ms step and feasible drafts", "3.2x", f"{at_seed_step.speedup:.2f}x"),
+        ("speedup at α = 0.9 with the book's 150 ms step and feasible drafts", "3.2x", f"{at_seed_step.speedup:.2f}x"),
         ("speedup with both at their floors", "3.2x", f"{at_floors.speedup:.2f}x"),
     ]
-    return pd.DataFrame(rows, columns=["claim", "seed", "computed here"])
+    return pd.DataFrame(rows, columns=["claim", "the book", "computed here"])
 
 
 def seed_arithmetic() -> pd.DataFrame:
-    """The seed's numbers next to what its own assumptions give."""
+    """The book's numbers next to what its own assumptions give."""
     line = pass_timeline(SEED_ALPHA, SEED_K, target_ms=SEED_TARGET_MS, draft_ms_total=SEED_DRAFT_MS)
     c = SEED_DRAFT_MS / SEED_K / SEED_TARGET_MS
     alpha_be = break_even_alpha(SEED_K, c)
@@ -101,11 +101,11 @@ def seed_arithmetic() -> pd.DataFrame:
         ("acceptance below which it stops paying (K = 4, that draft)", "~70%",
          f"α = {alpha_be:.2f} (accepted ÷ drafted {expected_draft_acceptance(alpha_be, SEED_K):.2f})"),
     ]
-    return pd.DataFrame(rows, columns=["claim", "seed", "computed here"])
+    return pd.DataFrame(rows, columns=["claim", "the book", "computed here"])
 
 
 # Current vLLM (V1 engine) names; checked against docs.vllm.ai (features/speculative_decoding, n-gram page,
-# per-request acceptance metrics, 2025-2026). The seed's flags and gauge belong to the 2024 V0 engine.
+# per-request acceptance metrics, 2025-2026). The book's flags and gauge belong to the 2024 V0 engine.
 VLLM_NAMES = pd.DataFrame([
     ("choose the draft and K", "--speculative-model M --num-speculative-tokens 5",
      "--speculative-config '{\"model\": \"M\", \"num_speculative_tokens\": 5}'"),
@@ -116,7 +116,7 @@ VLLM_NAMES = pd.DataFrame([
     ("acceptance metric", "vllm:spec_decode_draft_acceptance_rate (a gauge)",
      "counters vllm:spec_decode_num_drafts_total, _num_draft_tokens_total, _num_accepted_tokens_total, "
      "_num_accepted_tokens_per_pos_total{position}"),
-], columns=["what", "seed (vLLM 2024, V0)", "vLLM today (V1)"])
+], columns=["what", "the book (vLLM 2024, V0)", "vLLM today (V1)"])
 
 
 def vllm_counters(counters: SpecCounters) -> dict[str, float]:

@@ -30,7 +30,7 @@ def _alpha_range() -> str:
 
 def _draft_size() -> str:
     ratio = model_spec("llama-3-70b").num_parameters() / model_spec("llama-3-8b").num_parameters()
-    return f"Llama-3-70B has {ratio:.1f}x Llama-3-8B's parameters: the seed's own pair is below its '10-20x'"
+    return f"Llama-3-70B has {ratio:.1f}x Llama-3-8B's parameters: the book's own pair is below its '10-20x'"
 
 
 def _tree_6_8() -> str:
@@ -43,5 +43,5 @@ CHECKS = {"step_70b": _step_70b, "weights_140": _weights_140, "alpha_range": _al
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 7, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 7, with what this chapter finds for it."""
     return kit.table("ch07", CHECKS)

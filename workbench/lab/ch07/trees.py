@@ -75,7 +75,7 @@ class TreeComparison:
         noise = (f"{e.effect:.2f}x is within the pass counts' noise (±{e.margin:.2f}x over {e.n_label})"
                  if not e.resolved else f"{e.effect:.2f}x clears the pass counts' noise (±{e.margin:.2f}x)")
         return (f"The best tree's yield over the chain's, {noise}. At most a pass can yield, with {self.budget} "
-                f"nodes: {ceiling} tokens, so the seed's '6-8 tokens per pass' for trees (4-5 for EAGLE-2) is out "
+                f"nodes: {ceiling} tokens, so the book's '6-8 tokens per pass' for trees (4-5 for EAGLE-2) is out "
                 "of reach of this budget whatever the acceptance")
 
     def model_error(self) -> float:

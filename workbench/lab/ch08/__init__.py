@@ -1,8 +1,8 @@
 """Chapter 8, monitoring: a live dashboard over a server's /metrics with a change alert, TPOT against ITL, the
-engine's step profiled, capacity planned from measured step costs, and the seed's planning arithmetic.
+engine's step profiled, capacity planned from measured step costs, and the book's planning arithmetic.
 
     server.py           the background server on a 2-layer SmolLM2-shaped model (serve), the Grafana check
-    runs.py             result objects: DashboardRun (load + scrapes + alert), CapacityFit; the seed's arithmetic
+    runs.py             result objects: DashboardRun (load + scrapes + alert), CapacityFit; the book's arithmetic
     latency.py          TokenLatency (TPOT and ITL from one run), PrefillCost (with the chapter's Baseline)
     panels.py           DashboardLab, the TPOT/ITL figure
     panels_capacity.py  ProfileLab, CapacityPlanLab

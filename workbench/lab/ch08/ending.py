@@ -9,12 +9,13 @@ import pandas as pd
 from workbench.lab.ch08.latency import PrefillCost, TokenLatency
 from workbench.lab.ch08.runs import CapacityFit, DashboardRun
 from workbench.lab.kit.closing import ClosingTable, Takeaway, Verdict
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.monitoring.capacity import replicas_for, seed_estimate
 from workbench.monitoring.profiling import StepProfile
 
-SEED_STEP_MS, SEED_BATCH = 150.0, 64  # the seed's serial decode step and the batch it names
+SEED_STEP_MS, SEED_BATCH = 150.0, 64  # the book's serial decode step and the batch it names
 
 
 def tail_plan(fit: CapacityFit, rate: float, itl_slo_ms: float) -> dict[str, float]:
@@ -38,15 +39,15 @@ def exercises(plan: pd.DataFrame) -> dict[str, Exercise]:
     chosen = plan.loc[plan["chosen"], "rps_per_replica"]
     return {
         "rounding": Exercise(
-            "The seed's example needs 540.36 GPUs. How many must you buy?", lambda: seed["ceil_result"],
+            "The book's example needs 540.36 GPUs. How many must you buy?", lambda: seed["ceil_result"],
             why="half a GPU short is still short: capacity rounds up (its code rounds to the nearest, 540; its "
                 "prose rounds requests/s to 0.022 first and gets 546)", hint="math.ceil", rel_tol=0.0),
         "batched": Exercise(
-            f"The seed's {SEED_STEP_MS:.0f} ms decode step is bandwidth-bound, so at batch {SEED_BATCH} it takes about "
+            f"The book's {SEED_STEP_MS:.0f} ms decode step is bandwidth-bound, so at batch {SEED_BATCH} it takes about "
             f"as long and carries {SEED_BATCH} tokens: {SEED_STEP_MS:.0f} / {SEED_BATCH} = "
             f"{SEED_STEP_MS / SEED_BATCH:.2f} ms per token. Redo its example with that. GPUs?",
             lambda: batched["ceil_result"],
-            why=f"decode dominates: 300 x {SEED_STEP_MS / SEED_BATCH:.2f} ms + 30 ms per request. The seed's own "
+            why=f"decode dominates: 300 x {SEED_STEP_MS / SEED_BATCH:.2f} ms + 30 ms per request. The book's own "
                 f"'5-10 ms' at batch {SEED_BATCH} would mean a step of {5 * SEED_BATCH}-{10 * SEED_BATCH} ms, 2-4x "
                 "its batch-1 step, which a bandwidth-bound step does not do",
             hint=f"seed_estimate(decode_ms_per_token={SEED_STEP_MS:.0f} / {SEED_BATCH})['ceil_result']", rel_tol=0.0),
@@ -60,9 +61,17 @@ def exercises(plan: pd.DataFrame) -> dict[str, Exercise]:
 
 def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenLatency, profile: StepProfile,
                   fit: CapacityFit, prefill: PrefillCost, grafana: pd.DataFrame, *, rate: float,
-                  itl_slo_ms: float) -> ClosingTable:
-    """The seed's takeaways against the burst and steady dashboard runs, TPOT against ITL from the burst run, the
-    step profile, the capacity fit and the direct prefill check, and the Grafana check."""
+                  itl_slo_ms: float, dashboard_contention: Contention | None = None,
+                  steady_contention: Contention | None = None, profile_contention: Contention | None = None,
+                  capacity_contention: Contention | None = None) -> ClosingTable:
+    """The book's takeaways against the burst and steady dashboard runs, TPOT against ITL from the burst run, the
+    step profile, the capacity fit and the direct prefill check, and the Grafana check.
+
+    The ``*_contention`` arguments are the panels' readings (``panel.contention``) of the runs each result came
+    from. The rows judged from timings (the burst's p99 TTFT against the steady load's, the alert that reads them,
+    the profile's shares of a step, the plan from fitted step costs) say "the machine was busy" instead of
+    concluding when one of their readings was busy; the tracing row is not measured at all."""
+    load = (dashboard_contention, steady_contention)
     exported = bool(grafana["all exported"].all())
     top = profile.ranges.sort_values("ms", ascending=False).iloc[0]
     ratio = prefill.fit_over_direct(fit)
@@ -113,7 +122,8 @@ def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenL
                           note=f"no batch size met ITL <= {itl_slo_ms:g} ms with these step costs, so neither plan "
                                "has a replica count; a faster machine or a looser target would",
                           evidence=(Evidence.absent("a plan that meets the ITL target"),))
-        return ClosingTable([metrics, _tracing(dashboard, latency), alert, profiler, sizing])
+        return ClosingTable([busy_takeaway(metrics, *load), _tracing(dashboard, latency),
+                             busy_takeaway(alert, *load), busy_takeaway(profiler, profile_contention), sizing])
     sizing = Takeaway.judged(
         sizing_claim,
         f"at {rate:g} req/s and ITL <= {itl_slo_ms:g} ms the plan from mean lengths chose batch {tail['batch']:g} "
@@ -129,7 +139,8 @@ def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenL
                     f"most {fit.largest_chunk} tokens mixed with decodes, and gives {ratio:.1f}x the per-token cost of "
                     "one long prompt measured directly; take the prefill cost at the lengths the deployment serves",
         wrong_note="here the tail lengths need no more replicas than the mean: the mean-sized plan would hold")
-    return ClosingTable([metrics, _tracing(dashboard, latency), alert, profiler, sizing])
+    return ClosingTable([busy_takeaway(metrics, *load), _tracing(dashboard, latency), busy_takeaway(alert, *load),
+                         busy_takeaway(profiler, profile_contention), busy_takeaway(sizing, capacity_contention)])
 
 
 def _tracing(dashboard: DashboardRun, latency: TokenLatency) -> Takeaway:

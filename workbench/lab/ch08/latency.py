@@ -1,4 +1,4 @@
-"""Two measurements the course states without telling apart, measured here:
+"""Two measurements the book states without telling apart, measured here:
 
 - `token_latency` → `TokenLatency`: TPOT and ITL from the same run. TPOT is per request,
   ``(e2e - TTFT) / (output tokens - 1)``, an average over the request's decode; ITL is every gap between two

@@ -4,7 +4,7 @@
   /metrics is scraped; the Grafana-style panel series, the change alert on p99 TTFT, the benchmark's records;
 - `capacity_fit` → `CapacityFit`: every step of a mixed run of the real model, the fitted step cost
   (``fixed + per prefill token + per decoding sequence``) and the deployment plans it gives;
-- `seed_planning`, `prefill_check`: the seed's planning arithmetic recomputed (no model).
+- `seed_planning`, `prefill_check`: the book's planning arithmetic recomputed (no model).
 
 ITL against TPOT and the chapter's baseline costs are in `workbench.lab.ch08.latency`. No widgets here.
 """
@@ -187,9 +187,9 @@ def capacity_fit(model, tokenizer, *, requests: int = 12, seed: int = 7) -> Capa
                        [len(p) for p, _ in workload], [o for _, o in workload])
 
 
-# ------------------------------------------------------------------------------- the seed's arithmetic
+# ------------------------------------------------------------------------------- the book's arithmetic
 def seed_planning() -> pd.DataFrame:
-    """The seed's worked example (10 req/s, 2,000-token prompts at 70 % hits, 300 output tokens, 50 ms per 1k
+    """The book's worked example (10 req/s, 2,000-token prompts at 70 % hits, 300 output tokens, 50 ms per 1k
     prefill tokens, 150 ms per decode token, 20 % headroom), step by step."""
     s = seed_estimate()
     rows = [("prefill ms per request", s["prefill_ms"]), ("ms per request (single stream)", s["total_ms_per_request"]),
@@ -201,6 +201,6 @@ def seed_planning() -> pd.DataFrame:
 
 
 def prefill_check(tokens: int = 1000) -> dict[str, float]:
-    """Llama-3-70B's ``tokens``-token prefill at the A100's bf16 peak against the seed's 50 ms."""
+    """Llama-3-70B's ``tokens``-token prefill at the A100's bf16 peak against the book's 50 ms."""
     floor = prefill_floor_ms(model_spec("llama-3-70b"), tokens, A100_BF16_PEAK)
     return {"floor_ms": floor, "seed_ms": 50.0, "seed_over_peak": floor / 50.0}

@@ -20,7 +20,7 @@ def _batch_64() -> str:
     shared = seed_estimate(decode_ms_per_token=150 / 64)["ceil_result"]
     fewest, most = (seed_estimate(decode_ms_per_token=ms)["ceil_result"] for ms in (5, 10))
     return (f"a 150 ms step shared by 64 sequences is {150 / 64:.2f} ms per token: {shared} GPUs against {serial} "
-            f"(the seed's '5-10 ms' gives {fewest}-{most}, and implies a step of 320-640 ms at batch 64)")
+            f"(the book's '5-10 ms' gives {fewest}-{most}, and implies a step of 320-640 ms at batch 64)")
 
 
 def _itl_is_tpot() -> str:
@@ -36,5 +36,5 @@ CHECKS = {"single_a100": _single_a100, "batch_64": _batch_64, "itl_is_tpot": _it
 
 
 def seed_claims() -> pd.DataFrame:
-    """Every number and rule of the seed's chapter 8, with what this chapter finds for it."""
+    """Every number and rule of the book's chapter 8, with what this chapter finds for it."""
     return kit.table("ch08", CHECKS)

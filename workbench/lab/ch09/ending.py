@@ -1,6 +1,6 @@
 """Chapter 9's 'Try this' exercises and its closing table, computed from the chapter's own results.
 
-The seed has no fleet chapter; its claims about routing and multi-GPU caches are in chapter 5 (cache-aware
+The book has no fleet chapter; its claims about routing and multi-GPU caches are in chapter 5 (cache-aware
 scheduling, "even across a multi-server deployment"), chapter 2 (the KV cache in multi-GPU deployments) and
 chapter 8 (what a falling hit rate means). The router's own claims (retries, circuit breaker) are from
 vllm-router's options.
@@ -89,7 +89,7 @@ def _routing_note(ratio: float) -> str:
 
 def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: FailureRun,
                   router_sources: list[int | None], pool_holds: float, replicas: int) -> ClosingTable:
-    """The seed's claims about routing and caches across servers, against this chapter's measurements."""
+    """The book's claims about routing and caches across servers, against this chapter's measurements."""
     ca, rr = policies["cache_aware"], policies["round_robin"]
     blind = {p: r for p, r in policies.items() if p != "cache_aware"}
     best_blind = max(r.hit_rate for r in blind.values())

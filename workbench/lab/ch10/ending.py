@@ -10,6 +10,7 @@ import pandas as pd
 
 from workbench.lab.ch10.runs import ProductCheck, summary
 from workbench.lab.kit.closing import ClosingTable, Takeaway
+from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
 from workbench.quality.determinism import DivergenceReport
@@ -52,8 +53,11 @@ def control_reading(report: DivergenceReport) -> str:
 
 
 def closing_table(cached: pd.DataFrame, live: dict[bool, DivergenceReport], cost_ratio: float,
-                  check: ProductCheck) -> ClosingTable:
-    """The chapter's claims against its measurements: the cached 200-run result, the live runs, the cost."""
+                  check: ProductCheck, *, cost_contention: Contention | None = None) -> ClosingTable:
+    """The chapter's claims against its measurements: the cached 200-run result, the live runs, the cost.
+
+    ``cost_contention``: the cost panel's reading (``panel.contention``); the cost row, the one judged from a
+    timing, says "the machine was busy" instead of concluding when it was busy. The other rows compare bits."""
     off = cached[~cached["batch_invariant"]].set_index("kv_cache_dtype")
     on = cached[cached["batch_invariant"]].set_index("kv_cache_dtype")
     runs = int(cached["runs"].max())
@@ -70,7 +74,7 @@ def closing_table(cached: pd.DataFrame, live: dict[bool, DivergenceReport], cost
         Takeaway.judged(
             "Temperature 0 makes an engine deterministic: the same prompt gives the same answer.",
             f"the default engine, one prompt, {runs} runs among 0-15 other requests: fp32 KV gave "
-            f"{int(fp32_off['distinct_completions'])} distinct completion(s) but different logits in "
+            f"{_completions(int(fp32_off['distinct_completions']))} but different logits in "
             f"{int(fp32_off['runs_with_other_logits'])} runs; {most} KV gave "
             f"{int(off.loc[most, 'distinct_completions'])} distinct completions",
             Evidence.exact("share of runs whose logits differ from the prompt alone (fp32 KV, default)",
@@ -83,7 +87,8 @@ def closing_table(cached: pd.DataFrame, live: dict[bool, DivergenceReport], cost
             "products it shares have other shapes (Thinking Machines, 'Defeating Nondeterminism in LLM "
             "Inference', 2025).",
             f"{control_reading(report)}; {len(check.layers_that_differ)} of the model's linear layers "
-            f"({', '.join(check.layers_that_differ) or 'none'}) give a row other bits inside a batch",
+            f"({', '.join(check.layers_that_differ) or 'none'}) "
+            f"{'gives' if len(check.layers_that_differ) == 1 else 'give'} a row other bits inside a batch",
             [Evidence.exact("linear layers whose row changes bits inside a batch", len(check.layers_that_differ), 0.5,
                             n_label="layer comparisons", unit=""),
              Evidence.exact("share of runs among traffic with other logits", _share(
@@ -104,7 +109,7 @@ def closing_table(cached: pd.DataFrame, live: dict[bool, DivergenceReport], cost
              Evidence.exact("distinct completions, mode on, fp32 KV", int(fp32_on["distinct_completions"]), 1.5,
                             expect="below", n=runs, n_label=f"{runs} runs", unit="")],
             wrong_note="the mode still let the logits or the answer change"),
-        Takeaway.judged(
+        busy_takeaway(Takeaway.judged(
             "Determinism costs throughput.",
             f"the mode ran at {cost_ratio:.2f}x the default's output tokens/s on the same requests",
             Evidence.repeats("output tokens/s, mode on / off", [cost_ratio], null=1.0, expect="below",
@@ -114,5 +119,9 @@ def closing_table(cached: pd.DataFrame, live: dict[bool, DivergenceReport], cost
                         "padding small batches to 16-row tiles and the unfused 64-key attention blocks; Thinking "
                         "Machines' own numbers fell from 2.1x to 1.6x the default's time with a better attention "
                         "kernel, so much of it is kernel maturity",
-            wrong_note="the mode was not slower here"),
+            wrong_note="the mode was not slower here"), cost_contention),
     ], claim_header="the claim (and who makes it)")
+
+
+def _completions(count: int) -> str:
+    return f"{count} distinct completion{'' if count == 1 else 's'}"

@@ -94,8 +94,10 @@ class DivergenceLab(LabPanel):
             counts.update_layout(barmode="group", yaxis_title=f"of {self.runs.value} runs")
             style(counts, f"{self.runs.value} greedy runs, KV {self.kv_format.value}", self.subtitle, height=340)
         off, on = sums[False], sums[True]
-        self.status.value = (f"KV {self.kv_format.value}, {off['runs']} runs: default — {off['distinct_completions']} "
-                             f"distinct completion(s), logits differ in {off['runs_with_other_logits']} runs "
+        forms = off["distinct_completions"]
+        self.status.value = (f"KV {self.kv_format.value}, {off['runs']} runs: default — {forms} "
+                             f"distinct completion{'' if forms == 1 else 's'}, logits differ in "
+                             f"{off['runs_with_other_logits']} runs "
                              f"(largest gap {off['max_logit_gap']:.2g}); batch-invariant — "
                              f"{on['distinct_completions']} distinct, logits differ in "
                              f"{on['runs_with_other_logits']} runs.")

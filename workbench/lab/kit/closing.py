@@ -1,11 +1,11 @@
-"""A chapter's closing table: each of the seed chapter's key takeaways, what the chapter measured for it, and a
+"""A chapter's closing table: each of the book chapter's key takeaways, what the chapter measured for it, and a
 verdict from one vocabulary, computed from the chapter's own results.
 
 Four verdicts, the same in every chapter, so a reader can compare chapters at a glance:
 
-- **holds**: the measurement shows what the seed says;
-- **holds with a caveat**: it shows it, with a condition the seed leaves out (the note says which);
-- **wrong**: the measurement contradicts the seed (the note says what is true instead);
+- **holds**: the measurement shows what the book says;
+- **holds with a caveat**: it shows it, with a condition the book leaves out (the note says which);
+- **wrong**: the measurement contradicts the book (the note says what is true instead);
 - **not measurable here**: this machine or model cannot show it (the note says why, and what would).
 
 A verdict is a ``Verdict``, never a typed string, and ``Verdict.judge(evidence, caveat=...)`` reads it off the
@@ -27,7 +27,7 @@ import pandas as pd
 
 from workbench.lab.kit.evidence import Evidence
 
-COLUMNS = ("the seed's takeaway", "measured here", "evidence (n, effect, margin)", "verdict")
+COLUMNS = ("the book's takeaway", "measured here", "evidence (n, effect, margin)", "verdict")
 CSS_CLASS = "closing-table"
 
 
@@ -40,7 +40,7 @@ class Verdict(StrEnum):
     @classmethod
     def judge(cls, evidence: Evidence | Sequence[Evidence], *, caveat: bool = False) -> Verdict:
         """The verdict the evidence allows. With several pieces (a claim with several parts): WRONG when any part
-        is resolved against the claim; HOLDS (CAVEAT when it holds under a condition the seed omits) only when
+        is resolved against the claim; HOLDS (CAVEAT when it holds under a condition the book omits) only when
         every part is resolved for it; otherwise NOT_MEASURABLE: some effect lies within its noise margin."""
         parts = as_parts(evidence)
         if any(e.resolved and not e.holds for e in parts):
@@ -72,7 +72,7 @@ def unresolved_note(evidence: Evidence | Sequence[Evidence]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Takeaway:
-    """One row: the seed's claim, what was measured (a sentence built from results), the verdict, the evidence
+    """One row: the book's claim, what was measured (a sentence built from results), the verdict, the evidence
     it rests on, and a note that every verdict but HOLDS must carry (the caveat, the correction, or why it cannot
     be measured). The verdict must be one the evidence allows (``Verdict.judge``): a HOLDS or WRONG typed over
     evidence that says otherwise is refused."""
@@ -88,7 +88,7 @@ class Takeaway:
             raise ValueError(f"verdict must be a Verdict ({', '.join(v.value for v in Verdict)}), "
                              f"got {self.verdict!r}")
         if not self.claim.strip() or not self.measured.strip():
-            raise ValueError("a takeaway needs the seed's claim and what was measured")
+            raise ValueError("a takeaway needs the book's claim and what was measured")
         object.__setattr__(self, "evidence", as_parts(self.evidence) if self.evidence else ())
         if not self.evidence:
             raise ValueError(f"a verdict needs its evidence (n, effect, margin): {self.claim!r}")

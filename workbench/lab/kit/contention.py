@@ -140,11 +140,15 @@ def from_timings(what: str, timings: Sequence[float]) -> Contention:
     return reading.same_work(what, fastest, max(values))
 
 
-def busy_takeaway(row: Takeaway, contention: Contention | None) -> Takeaway:
+def busy_takeaway(row: Takeaway, *contentions: Contention | None) -> Takeaway:
     """The closing-table row as it stands on a quiet machine; on a busy one, the same claim and measurement with
-    the verdict "not measurable here" and the note "the machine was busy: not measurable now, re-run (why)"."""
-    if contention is None or not contention.busy:
+    the verdict "not measurable here" and the note "the machine was busy: not measurable now, re-run (why)".
+
+    ``contentions``: the readings of every measurement the row's timings come from (a row comparing two runs of
+    a panel passes both); the first busy one decides, None (not measured, or no books) counts as quiet."""
+    busy = next((c for c in contentions if c is not None and c.busy), None)
+    if busy is None:
         return row
     from workbench.lab.kit.closing import Verdict
 
-    return replace(row, verdict=Verdict.NOT_MEASURABLE, note=contention.note())
+    return replace(row, verdict=Verdict.NOT_MEASURABLE, note=busy.note())

@@ -1,6 +1,6 @@
 """Before a figure is computed for a named model on a named GPU, check that the deployment can exist.
 
-The seed computes a 70 ms decode floor for a 141 GB model on an 80 GB GPU, a speculative timeline for a 70B target
+The book computes a 70 ms decode floor for a 141 GB model on an 80 GB GPU, a speculative timeline for a 70B target
 on one A100 with four 8B drafts in 20 ms, and batches of 64-256 for a 70B on an A100; chapters once reused them.
 Here a ``Deployment`` (model, device, precision, tensor-parallel degree, batch, context) is checked first: the
 weights and the KV cache must fit in each GPU's usable memory, and no time may be below the device's floor (the

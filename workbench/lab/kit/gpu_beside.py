@@ -1,6 +1,6 @@
 """A chapter's GPU measurement shown beside the learner's own: a stored figure and sentences computed from both.
 
-Why it exists: several of the course's lessons turn on where a device's ridge point sits, and a laptop CPU and a
+Why it exists: several of the workbench's lessons turn on where a device's ridge point sits, and a laptop CPU and a
 datacenter GPU put it 30-50x apart. Each chapter that has a stored GPU result file
 (`workbench.lab.kit.gpu_results`) builds a figure and its sentences from that file and, where the notebook
 passes them, from the numbers it just measured on the learner's device; this module only shows the result the

@@ -1,6 +1,6 @@
 """Measurements made on a lent GPU, stored as dated files, for a chapter to draw beside the learner's device.
 
-Why it exists: the course runs on a laptop CPU, and several of its lessons come out differently on a GPU (the
+Why it exists: the workbench runs on a laptop CPU, and several of its lessons come out differently on a GPU (the
 ridge point, what batching buys, what recomputing costs). GPUs are lent rarely and briefly, so their
 measurements are made in one prepared run (`benchmarks/gpu_session.py`, `benchmarks/gpu_chapters.py`) and
 kept in ``datasets/gpu_results/<date>-<device>/<chapter>.json``, each file carrying its device, dtype, date,

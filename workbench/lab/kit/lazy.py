@@ -30,6 +30,8 @@ def lazy_exports(package: str, owners: dict[str, str]) -> tuple[Callable[[str], 
     return __getattr__, __dir__
 
 
-# What every chapter package re-exports from the kit, so that a notebook's set-up cell is one import.
-NOTEBOOK_NAMES = {name: "workbench.lab.kit.notebook" for name in (
-    "setup_notebook", "notebook_device", "measured_on", "say", "show_table")}
+# What every chapter package re-exports from the kit, so that a notebook's set-up cell is one import (and its
+# last cell, the kernel's memory note, needs none).
+NOTEBOOK_NAMES = {**{name: "workbench.lab.kit.notebook" for name in (
+    "setup_notebook", "notebook_device", "measured_on", "say", "show_table")},
+    "show_memory_note": "workbench.lab.kit.memory"}

@@ -40,6 +40,8 @@ from workbench.lab.kit.threads import ThreadChoice, adapt_threads
 
 LIVE_CONTROLS_NOTE = "[live controls: run this cell in JupyterLab to get them]"
 RERUN_NOTE = "re-measuring with the new settings: the numbers and figures below are the previous run's"
+# The text fallback of a progress line shown in a later cell that re-runs a panel: the widget's own is its repr.
+PROGRESS_NOTE = "[a progress line: it counts the seconds of the re-run in JupyterLab]"
 # The machine (fewer threads, a busy run) is reported in the status line only for measurements this long: a
 # quick computation's timing is not what its panel shows.
 BUSY_REPORT_MIN_S = 1.0
@@ -189,7 +191,9 @@ class LabPanel:
         line is in the cell that first showed it, off screen while the learner watches this one."""
         execution = current_execution()
         if self._handles and execution is not None and execution != self._shown_in:
-            display(self.progress.widget)
+            bundle = dict(self.progress.widget._repr_mimebundle_())
+            bundle["text/plain"] = PROGRESS_NOTE  # stored for readers without a kernel: no "HBox(children=..."
+            display(bundle, raw=True)
 
     def _dim(self) -> None:
         """Grey out the outputs on screen while a re-run measures (nothing when a later cell re-runs the panel

@@ -5,7 +5,7 @@ Seed examples are often internally inconsistent (a figure that does not follow f
 does not fit the GPU it is placed on), so each claim is recomputed, not quoted. The list is data,
 ``datasets/seed_claims/chNN.csv``, one row per claim:
 
-- ``id``: a short stable name; ``section``: the seed section it is in; ``seed says``: the claim, quoted or closely
+- ``id``: a short stable name; ``section``: the book section it is in; ``seed says``: the claim, quoted or closely
   paraphrased;
 - ``kind``: number, worked example, threshold or rule of thumb;
 - ``treatment``: recomputed (arithmetic), measured (on this machine), or set aside (with why);
@@ -56,5 +56,5 @@ def table(chapter: str, checks: Mapping[str, Callable[[], str]]) -> pd.DataFrame
         raise ValueError(f"{chapter}: checks {unknown} are not in the chapter's seed module")
     found = [checks[row["check"]]() if row["check"] else f"cell {row['cell']} ({row['treatment']})"
              for _, row in frame.iterrows()]
-    return pd.DataFrame({"seed says": frame["seed says"], "kind": frame["kind"], "treatment": frame["treatment"],
+    return pd.DataFrame({"the book says": frame["seed says"], "kind": frame["kind"], "treatment": frame["treatment"],
                          "found here": found, "cell": frame["cell"]})
