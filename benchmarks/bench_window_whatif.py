@@ -11,19 +11,25 @@ window_whatif`).
     .venv/bin/python benchmarks/bench_window_whatif.py [--windows 128,512] [--lengths 512,1024,2048]
         [--per-length 4] [--json out.json]
 
-Prints a table and a final JSON line.
+Prints a table and a final JSON line, which also names the command, the machine, the date and the versions it
+ran with. Chapter 2 shows the file ``--json datasets/eval/window_whatif.json`` writes (the run takes tens of
+minutes on a 2-core CPU; the notebook re-runs a smaller version live only on request).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import pandas as pd
+import torch
+import transformers
 
 import workbench
 from workbench.quality.window_whatif import heldout_ids, whatif_table
+from workbench.timing import describe_machine
 
 
 def main() -> None:
@@ -44,7 +50,10 @@ def main() -> None:
         print(table.T.to_string(float_format=lambda v: f"{v:,.3f}"))
     print(f"\n{len(ids)} held-out tokens, recall at {lengths} x {args.per_length} items, {elapsed:.0f} s")
     summary = {"windows": windows, "lengths": lengths, "per_length": args.per_length, "heldout_tokens": len(ids),
-               "seconds": round(elapsed, 1), "table": json.loads(table.reset_index().to_json(orient="records"))}
+               "seconds": round(elapsed, 1), "table": json.loads(table.reset_index().to_json(orient="records")),
+               "command": " ".join([".venv/bin/python", "benchmarks/bench_window_whatif.py", *sys.argv[1:]]),
+               "machine": describe_machine("cpu"), "date": time.strftime("%Y-%m-%d"),
+               "versions": {"torch": torch.__version__, "transformers": transformers.__version__}}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=2)

@@ -3,12 +3,21 @@ live and the what-if, without a browser."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 import workbench
-from workbench.lab.ch02.architectures import architecture_sizes, sliding_run, whatif_quality
-from workbench.lab.ch02.panels_architectures import ArchitectureLab, sliding_figure, whatif_figure
+from workbench.lab.ch02.architectures import (
+    WHATIF_PATH,
+    architecture_sizes,
+    cached_whatif,
+    sliding_run,
+    whatif_quality,
+    whatif_reading,
+)
+from workbench.lab.ch02.panels_architectures import ArchitectureLab, WindowWhatIfLab, sliding_figure, whatif_figure
 from workbench.lab.kit.figures import trace
 from workbench.quality.window_whatif import heldout_ids, perplexity, windowed_spec, with_spec
 
@@ -66,3 +75,31 @@ def test_whatif_table_puts_quality_beside_memory(real_model, tokenizer):
     assert window["perplexity_vs_full"] > 1
     assert torch.isfinite(torch.tensor(window["perplexity_past_window"]))
     assert len(whatif_figure(table).data) == 4
+
+
+def test_the_stored_what_if_is_shown_at_once_with_where_it_ran(tmp_path):
+    stored = cached_whatif()
+    assert stored.cached and list(stored.table["window"]) == [0, 128, 512, 1024]
+    assert "benchmarks/bench_window_whatif.py" in stored.source and "2026-11-26" in stored.source
+    reading = whatif_reading(stored.table)
+    assert "A 128-token window keeps 22% of the KV of a 2,048-token sequence" in reading
+    assert "past the window its perplexity is 79.0 against full attention's 28.1" in reading
+    lab = WindowWhatIfLab(None, None).run()  # the stored run needs no model: nothing is measured
+    assert not lab.live and not lab.button.disabled and stored.source in lab.status.value
+    assert len(lab.figure.data) == 2 * len(stored.table) and "CACHED" in lab.figure.layout.title.subtitle.text
+    assert lab.stored_tables()[0][1].loc["full (as trained)", "recall@2048"] == 1.0
+    bare = {key: value for key, value in json.loads(WHATIF_PATH.read_text()).items() if key != "machine"}
+    (tmp_path / "old.json").write_text(json.dumps(bare))
+    with pytest.raises(ValueError, match="machine"):
+        cached_whatif(tmp_path / "old.json")
+    with pytest.raises(FileNotFoundError, match="bench_window_whatif.py --json"):
+        cached_whatif(tmp_path / "none.json")
+
+
+def test_the_button_re_runs_the_what_if_live(tiny_model, tokenizer):
+    model = workbench.random_model(tiny_model.spec.replace(num_layers=6), device="cpu")
+    lab = WindowWhatIfLab(model, tokenizer, live_sizes={"windows": (32,), "lengths": (96,), "per_length": 1}).run()
+    lab.button.click()
+    assert lab.live and not lab.result.cached and not lab.button.disabled
+    assert list(lab.result.table["window"]) == [0, 32] and "measured live in this kernel" in lab.status.value
+    assert "measured here" in lab.figure.layout.title.subtitle.text

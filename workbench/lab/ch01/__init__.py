@@ -8,6 +8,7 @@ read from real configs.
     memory.py           one layer's activation peak, materialised vs fused (AttentionMemory, TensorPeak)
     panels.py           LayerScalingLab, KVMemoryLab
     panels_prefill.py   ContextTTFTLab, AttentionMemoryLab
+    crossover_128k.py   the crossover verdict redone at each config's own context, 128K configs and hybrids included
     ending.py           the exercises and the closing table
     on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
@@ -28,4 +29,6 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "attention_variants": "workbench.cache.sizing", "sizing_table": "workbench.cache.sizing",
     "weight_bytes": "workbench.cache.sizing",
     "on_gpu": "on_gpu",
+    "crossover_table": "crossover_128k", "crossover_verdict": "crossover_128k", "model_crossover": "crossover_128k",
+    "hybrid_shapes": "crossover_128k",
 })

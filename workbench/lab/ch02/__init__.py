@@ -7,13 +7,16 @@ budget (LRU on the engine, LFU beside it in a simulator).
     fork.py              parallel sampling on the paged cache, block tables per step (ForkTrace)
     eviction.py          hit rate against the cache budget (EvictionSweep) and LRU vs LFU (PolicyComparison)
     policy_sim.py        the block-level LRU/LFU simulator of the engine's prefix cache
-    parallel.py          the KV cache across GPUs: per-GPU bytes against the TP degree, the seed's claims (TPSweep)
+    parallel.py          the KV cache across GPUs: per-GPU bytes against the TP degree, the book's claims (TPSweep)
     block_view.py        the block pool replayed step by step (BlockView)
     panels.py            CacheVsNoCacheLab, PagedMemoryLab, PrefixCacheLab
     panels_capacity.py   KVShareLab, KVCapacityLab
     panels_fork.py       ParallelSamplingLab
     panels_eviction.py   EvictionLab, PolicyLab
     panels_parallel.py   tp_figure (computed, no controls)
+    architectures.py     the KV cache of 2025-26 architectures by layer group (ArchitectureSizes), the engine's
+                         KV-group allocator live (SlidingRun), the window what-if (WhatIf: stored and live)
+    panels_architectures.py  ArchitectureLab, WindowWhatIfLab, sliding_figure, whatif_figure
     ending.py            the exercises and the closing table
     on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
@@ -39,4 +42,10 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "exercises": "ending", "closing_table": "ending", "share_reading": "budget", "chapter_baseline": "runs",
     "seed_claims": "seed",
     "on_gpu": "on_gpu",
+    "ARCHITECTURES": "architectures", "ArchitectureSizes": "architectures", "architecture_sizes": "architectures",
+    "SlidingRun": "architectures", "sliding_run": "architectures", "WhatIf": "architectures",
+    "whatif_quality": "architectures", "cached_whatif": "architectures", "live_whatif": "architectures",
+    "whatif_reading": "architectures",
+    "ArchitectureLab": "panels_architectures", "WindowWhatIfLab": "panels_architectures",
+    "sliding_figure": "panels_architectures", "whatif_figure": "panels_architectures",
 })

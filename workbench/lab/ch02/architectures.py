@@ -8,12 +8,16 @@
 * ``sliding_run``: the engine's KV-group allocator live on SmolLM2 with a window on five layers of six: each
   group's blocks step by step, the windowed groups' count staying flat while the full group's grows.
 * ``whatif_quality``: that what-if's quality cost against the memory it saves, measured side by side
-  (`workbench.quality.window_whatif`), small enough for the notebook's budget.
+  (`workbench.quality.window_whatif`), small enough for the notebook's budget; ``cached_whatif`` reads the
+  larger run ``benchmarks/bench_window_whatif.py`` stored in ``datasets/eval/window_whatif.json`` (tens of
+  minutes on a 2-core CPU), with the command, machine and date it ran on, which the chapter shows by default.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -24,8 +28,10 @@ from workbench.cache.layout_sizing import DEFAULT_CONTEXTS, group_rows, sequence
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.models.llama import LlamaModel
+from workbench.paths import DATASETS_DIR
 from workbench.quality.window_whatif import CHUNK, whatif_table, windowed_spec, with_spec
 
+WHATIF_PATH = DATASETS_DIR / "eval" / "window_whatif.json"
 ARCHITECTURES = ("llama-3.1-8b", "llama-3.1-70b", "gemma-3-27b", "gpt-oss-120b", "gpt-oss-20b",
                  "qwen3-next-80b-a3b", "deepseek-v3")
 GPU_BYTES = 80 * 10**9  # an 80 GB GPU (H100)
@@ -137,3 +143,58 @@ def whatif_quality(model: LlamaModel, tokenizer, *, windows: tuple[int, ...] = (
     per step."""
     return whatif_table(model, tokenizer, list(windows), lengths=list(lengths), per_length=per_length,
                         heldout_tokens=heldout_tokens, chunk=chunk)
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """One what-if run: ``table`` (one row per attention: recall, perplexities, KV kept; `whatif_table`'s
+    columns) and ``source``, where it was measured (the stored run's command, machine and date, or this kernel)."""
+
+    table: pd.DataFrame
+    source: str
+    cached: bool
+
+
+def cached_whatif(path: Path = WHATIF_PATH) -> WhatIf:
+    """The stored run of ``benchmarks/bench_window_whatif.py``, with what it ran on."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run .venv/bin/python benchmarks/bench_window_whatif.py "
+                                f"--json {path}")
+    stored = json.loads(path.read_text())
+    missing = [key for key in ("table", "command", "machine", "date") if key not in stored]
+    if missing:
+        raise ValueError(f"{path} lacks {missing}: write it with benchmarks/bench_window_whatif.py --json")
+    minutes = stored["seconds"] / 60 if "seconds" in stored else float("nan")
+    source = (f"CACHED: measured by `{stored['command']}` on {stored['date']} ({stored['machine']}; "
+              f"{stored['per_length']} items per length, {stored['heldout_tokens']:,} held-out tokens, "
+              f"{minutes:.0f} min)")
+    return WhatIf(pd.DataFrame(stored["table"]).set_index("attention"), source, cached=True)
+
+
+def whatif_reading(table: pd.DataFrame) -> str:
+    """What a what-if run shows, read from its table: per window, the KV it keeps, the needles further back than
+    the window it recalls, and perplexity past the window beside full attention's on the same positions."""
+    recall = [c for c in table.columns if c.startswith("recall@")]
+    longest = max(int(c.removeprefix("recall@")) for c in recall)
+    full = table[table["window"] == 0].iloc[0]
+    parts = []
+    for _, row in table[table["window"] > 0].iterrows():
+        far = row["recall_beyond_window"]
+        recalled = ("no needle lay further back than the window" if pd.isna(far) else
+                    f"it recalled {far:.0%} of the needles further back than the window")
+        parts.append(f"A {int(row['window']):,}-token window keeps {row['kv_vs_full']:.0%} of the KV of a "
+                     f"{longest:,}-token sequence ({row['peak_vs_full']:.0%} of the engine's peak); {recalled}; "
+                     f"past the window its perplexity is {row['perplexity_past_window']:.1f} against full "
+                     f"attention's {row['full_perplexity_same_positions']:.1f} on the same positions")
+    return (f"Full attention recalled {full[recall].mean():.0%} of the needles. " + ". ".join(parts)
+            + ". The windows run on 25 of the 30 layers, so one layer in six still sees every token.")
+
+
+def live_whatif(model: LlamaModel, tokenizer, *, windows: tuple[int, ...] = (128,),
+                lengths: tuple[int, ...] = (256, 512), per_length: int = 2) -> WhatIf:
+    """``whatif_quality`` run in this kernel: the smaller version (the stored run has three windows, contexts up to
+    2,048 tokens and 4 items per length)."""
+    table = whatif_quality(model, tokenizer, windows=windows, lengths=lengths, per_length=per_length)
+    return WhatIf(table, f"measured live in this kernel: window {', '.join(map(str, windows))}, recall at "
+                         f"{' / '.join(f'{n:,}' for n in lengths)} tokens x {per_length} items per length",
+                  cached=False)

@@ -4,17 +4,31 @@
   (full, sliding, MLA, linear-attention state), and how many sequences' KV fits an 80 GB GPU; controls for the
   context, the tensor-parallel degree (watch MLA stay put) and the KV dtype. Computed, so it runs in milliseconds;
 * ``sliding_figure``: the engine's KV-group allocator live, each group's blocks against the tokens computed;
-* ``whatif_figure``: the what-if's quality cost beside the memory it saves.
+* ``whatif_figure``: the what-if's quality cost beside the memory it saves;
+* ``WindowWhatIfLab``: that figure from the stored run of ``benchmarks/bench_window_whatif.py`` at once, and a
+  button that re-runs a smaller version live (about a minute on a quiet 2-core CPU): a button, so that running
+  the chapter top to bottom stays within its budget.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import ipywidgets as widgets
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from workbench.lab.ch02.architectures import ArchitectureSizes, SlidingRun, architecture_sizes
+from workbench.lab.ch02.architectures import (
+    WHATIF_PATH,
+    ArchitectureSizes,
+    SlidingRun,
+    WhatIf,
+    architecture_sizes,
+    cached_whatif,
+    live_whatif,
+    whatif_reading,
+)
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.panel import LabPanel
 
@@ -97,7 +111,10 @@ def sliding_figure(run: SlidingRun) -> go.Figure:
                  f"SmolLM2-135M, blocks of {run.block_size} tokens, one sequence", height=440)
 
 
-def whatif_figure(table: pd.DataFrame) -> go.Figure:
+MEASURED_HERE = "SmolLM2-135M-Instruct, dequantized Q4_1 weights, fp32; measured here"
+
+
+def whatif_figure(table: pd.DataFrame, subtitle: str = MEASURED_HERE) -> go.Figure:
     """Quality kept (recall, perplexity ratio) beside memory kept (KV per sequence and the engine's peak), each
     window against full attention."""
     fig = make_subplots(rows=1, cols=2, subplot_titles=("quality", "memory, × full attention"))
@@ -110,4 +127,47 @@ def whatif_figure(table: pd.DataFrame) -> go.Figure:
                     y=[row["kv_vs_full"], row["peak_vs_full"]], row=1, col=2)
     fig.update_layout(barmode="group")
     return style(fig, "What the window costs and what it saves (a what-if: SmolLM2 was trained without windows)",
-                 "SmolLM2-135M-Instruct, dequantized Q4_1 weights, fp32; measured here", height=440)
+                 subtitle, height=440)
+
+
+class WindowWhatIfLab(LabPanel):
+    """The what-if's quality cost beside its memory saving: the stored run first (instant), and a button that
+    re-runs a smaller version in this kernel. No control re-measures: only the button does."""
+
+    def __init__(self, model, tokenizer, *, path: Path = WHATIF_PATH, live_sizes: dict | None = None):
+        self.model, self.tokenizer, self.path = model, tokenizer, path
+        self.live_sizes = live_sizes or {}  # live_whatif's windows, lengths, per_length (its defaults otherwise)
+        self.live = False
+        self.button = widgets.Button(description="re-run live, smaller (about 1 min)",
+                                     layout={"width": "auto"}, tooltip="one window, 2 items per length")
+        self.button.on_click(lambda _button: self.run_live())
+        self.figure = go.Figure()
+        super().__init__([], [self.figure], rows=[self.button])
+
+    def run_live(self) -> WhatIf:
+        """Measure the smaller version in this kernel and redraw (what the button does)."""
+        self.live, self.button.disabled = True, True
+        try:
+            self.refresh()
+        finally:
+            self.button.disabled = False
+        return self.result
+
+    def measure(self) -> WhatIf:
+        if self.live:
+            return live_whatif(self.model, self.tokenizer, **self.live_sizes)
+        return cached_whatif(self.path)
+
+    def draw(self) -> None:
+        whatif: WhatIf = self.result
+        drawn = whatif_figure(whatif.table, whatif.source if whatif.cached else MEASURED_HERE)
+        with self.figure.batch_update():
+            self.figure.data = []
+            self.figure.add_traces(drawn.data)
+            self.figure.layout = drawn.layout
+        self.status.value = f"{whatif.source}. {whatif_reading(whatif.table)}"
+
+    def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
+        columns = [c for c in self.result.table.columns if c.startswith("recall")] + [
+            "perplexity", "perplexity_past_window", "full_perplexity_same_positions", "kv_vs_full", "peak_vs_full"]
+        return [("quality and memory, each attention", self.result.table[columns].round(3))]
