@@ -6,7 +6,8 @@ format; int8 weights with the LM head quantized too; the GGUF file's own Q4_1 bl
 weight bytes, KV bytes per token, KV blocks and max concurrency at 1 GiB, batch-1 decode tokens/s, 32-request
 throughput, and quality against fp32 weights + fp32 cache: KL, top-1 agreement and perplexity on the held-out
 text, long-context recall. Batch-1 decode fp32 vs each quantized format is also measured in alternating rounds
-(int8's goal: >= 1.5x with top-1 agreement >= 0.95). Writes the table to datasets/eval/quant_sweep.json for chapter 6's notebook.
+(int8's goal: >= 1.5x with top-1 agreement >= 0.95). Writes the table to datasets/eval/quant_sweep.json for
+chapter 6's notebook.
 
     .venv/bin/python benchmarks/bench_weight_quant.py [--batch1 | --micro] [--rounds 5]
         [--recall-per-length 2] [--no-write]

@@ -12,6 +12,7 @@ import pytest
 from serve_helpers import MODEL, make_engine, on_engine, running_server, wait_idle
 
 from workbench.bench import run_benchmark
+from workbench.serve.generation import response_id_of
 from workbench.workloads import WorkloadRequest, mixed_lengths
 
 
@@ -43,7 +44,8 @@ def test_closed_loop_rows_agree_with_server(server):
     assert rows["meets_slo"].all() and result.summary["good_requests"] == 8
 
     wait_idle(server)
-    served = on_engine(server, lambda engine: engine.metrics.request_frame()).set_index("request_id")
+    served = on_engine(server, lambda engine: engine.metrics.request_frame())
+    served.index = served["request_id"].map(response_id_of)
     for row in rows.itertuples():
         server_row = served.loc[row.request_id]
         assert server_row["output_tokens"] == row.output_tokens

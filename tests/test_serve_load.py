@@ -12,6 +12,7 @@ import httpx
 import pytest
 from serve_helpers import MODEL, make_engine, on_engine, running_server, wait_idle
 
+from workbench.serve.generation import response_id_of
 from workbench.workloads import mixed_lengths
 
 NUM_CLIENTS = 64
@@ -85,7 +86,9 @@ def test_64_streaming_clients_with_disconnects(server, tokenizer):
     wait_idle(server)
 
     finished = on_engine(server, lambda engine: engine.metrics.request_frame())
-    outputs = on_engine(server, lambda engine: {s.request_id: list(s.output_ids) for s in engine.metrics.finished})
+    finished["request_id"] = finished["request_id"].map(response_id_of)
+    outputs = on_engine(server, lambda engine: {response_id_of(s.request_id): list(s.output_ids)
+                                                for s in engine.metrics.finished})
     assert len(set(r["id"] for r in replies)) == NUM_CLIENTS
     assert finished["request_id"].is_unique and set(finished["request_id"]) == {r["id"] for r in replies}
     by_id = finished.set_index("request_id")

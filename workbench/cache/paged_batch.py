@@ -113,6 +113,7 @@ def build_paged_batch(blocks: BlockManager, entries: list[BatchEntry], device: t
     into buffers of its own without waiting for the device (`workbench.engine.cuda_graphs`); ``PagedBatch.to``
     moves them later if needed. Otherwise they are built on ``device``: from pinned memory on CUDA, so building
     a batch never makes the host wait for the device's queue (a pageable host-to-device copy does)."""
+    device = torch.device(device)
     pinned = (on_host or device.type == "cuda") and torch.cuda.is_available()
     order = decodes_first(entries)
     ids: list[int] = []
