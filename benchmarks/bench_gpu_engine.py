@@ -37,6 +37,7 @@ import torch
 import workbench
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.intmath import ceil_div
 
 TINY = dict(num_layers=2, hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2, head_dim=32,
             vocab_size=512)
@@ -70,7 +71,7 @@ def weight_bytes(model) -> int:
 
 
 def _engine(model, batch: int, prompt: int, new_tokens: int, graphs: bool, steps: int = 1) -> LLMEngine:
-    blocks_per_seq = -(-(prompt + new_tokens + 16) // 16)
+    blocks_per_seq = ceil_div(prompt + new_tokens + 16, 16)
     return LLMEngine(model, None, cache_config=CacheConfig(num_blocks=batch * blocks_per_seq + 8, block_size=16,
                                                            enable_prefix_caching=False),
                      scheduler_config=SchedulerConfig(max_num_seqs=batch,

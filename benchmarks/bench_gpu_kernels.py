@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from bench_decode_kernel import _format_bytes_per_key, _format_case  # noqa: E402
 from kernel_testing import assert_close, query_start_loc, random_paged_kv, random_queries  # noqa: E402
 
+from workbench.intmath import ceil_div
 from workbench_kernels.paged_decode_attention import (  # noqa: E402
     paged_decode_attention_reference,
     paged_decode_attention_triton,
@@ -117,7 +118,7 @@ def prefill_rows(peaks: dict, quick: bool) -> list[dict]:
         starts = query_start_loc([length] * seqs, device="cuda")
         inputs = (query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.context_lens, HEAD_DIM**-0.5)
         # The same keys contiguous, for PyTorch's fused attention (the reference and the speed yardstick).
-        blocks = -(-length // BLOCK)
+        blocks = ceil_div(length, BLOCK)
         keys = torch.stack([kv.key_cache[kv.block_tables[i, :blocks].long()].reshape(-1, KV_HEADS, HEAD_DIM)[:length]
                             for i in range(seqs)]).transpose(1, 2)
         values = torch.stack([kv.value_cache[kv.block_tables[i, :blocks].long()].reshape(-1, KV_HEADS,

@@ -33,6 +33,7 @@ import workbench
 from workbench.cache.kv_layout import kv_layout
 from workbench.config import CacheConfig, ModelSpec, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.intmath import ceil_div
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=256)
 
@@ -73,7 +74,7 @@ def run_variant(spec: ModelSpec, device: str, dtype: torch.dtype, prompts: list[
     prefill = [s for s in steps if s.num_prefill_tokens]
     decode = [s.duration_s for s in steps if not s.num_prefill_tokens]
     length = len(prompts[0]) + new_tokens
-    per_seq = engine.limits.blocks_for(length) if engine.limits.blocks_for else -(-length // 16)
+    per_seq = engine.limits.blocks_for(length) if engine.limits.blocks_for else ceil_div(length, 16)
     row = {"model": spec.name, "attention": "windows" if "sliding_attention" in spec.layer_types else "full",
            "layers": spec.num_layers, "kv_groups": engine.blocks.num_groups,
            "bytes_per_block": engine.cache.bytes_per_block, "pool_blocks": engine.blocks.num_blocks,

@@ -42,6 +42,7 @@ from gpu_ch11 import ch11  # noqa: E402, F401 - a chapter measurement, found by 
 import workbench  # noqa: E402
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig  # noqa: E402
 from workbench.engine.llm_engine import LLMEngine  # noqa: E402
+from workbench.intmath import ceil_div
 from workbench.models.attention import NoCacheAttention  # noqa: E402
 
 CHAPTERS = ("ch01", "ch02", "ch04", "ch05", "ch06", "ch07", "ch10", "ch11")
@@ -163,7 +164,7 @@ def ch06(setup: Setup) -> dict:
     rows = []
     for fmt in ("auto", "fp8_e4m3", "int8", "int4"):
         per_token = kv_bytes_per_token(model.spec, fmt, model.dtype)
-        blocks_per_seq = -(-(prompt + new + 16) // 16)
+        blocks_per_seq = ceil_div(prompt + new + 16, 16)
         num_blocks = int(budget // (per_token * 16))
         batch = max(1, min(256, num_blocks // blocks_per_seq))
         engine = LLMEngine(model, None, cache_config=CacheConfig(num_blocks=num_blocks, block_size=16,

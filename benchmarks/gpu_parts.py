@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workbench.intmath import ceil_div
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = Path(os.environ.get("GPU_PARTS_STAGE", ROOT / ".gpu_part"))  # what one call carries
 WORK = Path(os.environ.get("GPU_PARTS_WORK", "/tmp/gpu_parts"))  # where `prepare` splits the file, here
@@ -51,7 +53,7 @@ def prepare(parts: int, wheel: bool = True) -> dict:
         raise SystemExit(f"--parts must be >= 1, got {parts}")
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    size = -(-len(data) // parts)
+    size = ceil_div(len(data), parts)
     manifest = {"name": source.name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "parts": []}
     for i in range(parts):
         piece = data[i * size:(i + 1) * size]

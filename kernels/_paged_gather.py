@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._common import triton
 from .kv_quant import dequantize_kv
 
 
@@ -28,7 +29,7 @@ def sequence_values(cache: torch.Tensor, scales: torch.Tensor | None, kv_format:
     table may no longer map them)."""
     size = cache.shape[1]
     first = start // size
-    ids = block_table[first:-(-context_len // size)].long()
+    ids = block_table[first:triton.cdiv(context_len, size)].long()
     keep = slice(start - first * size, context_len - first * size)
     data = _bytes_if_fp8(cache, kv_format).index_select(0, ids).flatten(0, 1)[keep]
     if kv_format in ("int8", "int4"):
@@ -64,7 +65,7 @@ def decode_gather_plan(block_tables: torch.Tensor, context_lens: torch.Tensor, b
         return _window_gather_plan(block_tables, context_lens, block_size, window)
     num_seqs = block_tables.shape[0]
     max_context, min_context = int(context_lens.max()), int(context_lens.min())
-    num_blocks = -(-max_context // block_size)
+    num_blocks = triton.cdiv(max_context, block_size)
     if num_seqs == 1:
         ids = block_tables[0, :num_blocks].long()
         first = int(ids[0])

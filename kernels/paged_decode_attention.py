@@ -42,11 +42,14 @@ from ._window import check_window
 __all__ = ["decode_gather_plan", "paged_decode_attention", "paged_decode_attention_cpu",
            "paged_decode_attention_reference", "paged_decode_attention_triton"]
 
-# Keys per loop iteration. Untuned (no GPU measurement yet; benchmarks/bench_decode_kernel.py --tile measures it):
-# 64 keys x 128 dims x 2 bytes = 16 KiB per K or V tile, within what one program keeps in registers/shared memory.
+# Keys per loop iteration (64 keys x 128 dims x 2 bytes = 16 KiB per K or V tile), with 4 warps. Measured
+# (benchmarks/RESULTS.md, "On a GPU", benchmarks/bench_gpu_kernels.py; bf16, Llama-3-8B heads): on the H100 this
+# default moved 85.6-95.9% of the copy bandwidth where the best tile/warps reached 94.8-96.2%, and on the H200
+# 76-100% (the weak case, 32 sequences x 8,192, 76% where 64 keys with 2 warps reach 99%). Tile 128 with 2 warps
+# is the configuration to avoid (68-77%).
 DEFAULT_TILE = 64
 # Flash-decoding only pays when (sequences x KV heads) leaves SMs idle; each split should still cover several
-# tiles so that the merge stays cheap. Untuned, like DEFAULT_TILE.
+# tiles so that the merge stays cheap. Not swept on its own: the sweeps above ran with these splits.
 MIN_TILES_PER_SPLIT = 4
 MAX_SPLITS = 32
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from workbench.intmath import ceil_div
+
 # Cases the kernel test files share, so the decode, prefill and quantized-cache tests exercise the same shapes.
 GQA_RATIOS = [(9, 3), (8, 2), (5, 1), (1, 1)]  # (num_heads, num_kv_heads): groups of 3, 4, 5 and 1
 DECODE_CONTEXT_LENS = [1, 17, 40, 100, 33]  # 1, and lengths that are not multiples of the block sizes
@@ -87,7 +89,7 @@ def random_paged_kv(context_lens: list[int], *, num_kv_heads: int, head_dim: int
     ``num_blocks`` and ``first_block`` near the top, the untouched rest of a huge ``torch.empty`` cache costs no
     memory, which lets a test reach block ids whose offsets pass 2**31 elements."""
     gen = torch.Generator().manual_seed(seed)
-    needed = [-(-n // block_size) for n in context_lens]
+    needed = [ceil_div(n, block_size) for n in context_lens]
     pool = sum(needed) + spare_blocks
     num_blocks = num_blocks if num_blocks is not None else first_block + pool
     if num_blocks - first_block < pool:

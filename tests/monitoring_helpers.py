@@ -7,10 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
 
+from tiny_models import tiny_model
+
 import workbench
 from workbench.config import CacheConfig, SchedulerConfig, SpecConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.models import model_spec, random_model
 from workbench.serve.launch import ServerThread
 
 MODEL = "tiny-smollm2"
@@ -18,8 +19,7 @@ MODEL = "tiny-smollm2"
 
 @cache
 def tiny_full_vocab_model():
-    spec = model_spec("smollm2-135m").replace(num_layers=2, intermediate_size=256)
-    return random_model(spec, device="cpu", seed=5)
+    return tiny_model(seed=5, num_layers=2, intermediate_size=256)
 
 
 @cache

@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import tiny_model
 
-import workbench
 from workbench.cache.invariant_attention import invariant_attention
 from workbench.models.attention import causal_attention
 from workbench.models.row_invariant import in_row_tiles
@@ -21,8 +21,7 @@ PROMPT = list(range(300, 390))  # 90 tokens: chunked by the 64-token step budget
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    return workbench.random_model("smollm2-135m", num_layers=2, device="cpu")
+    return tiny_model(num_layers=2)
 
 
 def test_row_tiles_make_a_row_independent_of_its_neighbours():

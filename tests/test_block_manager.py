@@ -10,6 +10,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.block_manager import BlockManager, NoFreeBlocksError
+from workbench.cache.hybrid_block_manager import HybridBlockManager
+from workbench.cache.kv_groups import KVGroup, KVGroupLayout
 
 
 def snapshot(bm: BlockManager) -> tuple:
@@ -257,6 +259,47 @@ def test_no_free_blocks_leaves_state_unchanged():
         bm.reserve(2, 7)                          # needs a copy of block 1 plus 2 new blocks; 2 are free
     assert snapshot(bm) == before
     check_block_manager(bm)
+
+
+# ------------------------------------------------------------------------------------------ whose tokens
+class CallersTokens(list):
+    """A caller's token list that fails the test the moment anyone but the caller edits it."""
+
+    def _refuse(self, *args, **kwargs):
+        raise AssertionError("the block manager edited the caller's token list")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+
+
+MANAGERS = {
+    "single": lambda: BlockManager(16, 4),
+    "grouped": lambda: HybridBlockManager(16, 4, KVGroupLayout((KVGroup(6, (0,)), KVGroup(None, (1,))), 2)),
+}
+
+
+@pytest.mark.parametrize("make", MANAGERS.values(), ids=MANAGERS)
+def test_a_manager_keeps_its_own_tokens_and_never_edits_the_callers(make):
+    """Issue 43: the manager kept the caller's list and truncate() deleted from it (the engine's sequences, whose
+    tokens only append_token may write). Its tokens are its own copy now, told of new ones by append_tokens."""
+    bm = make()
+    tokens = CallersTokens(range(1, 11))
+    bm.add_sequence(1, tokens)
+    bm.reserve(1, 12)
+    bm.mark_computed(1, 10)
+    bm.append_tokens(1, [11, 12])
+    bm.truncate(1, 6)  # a rollback: the manager's tokens go back to 6, the caller's stay as they are
+    bm.fork(1, 2, CallersTokens(range(1, 7)))
+    bm.append_tokens(2, [99])
+    assert tokens == list(range(1, 11)) and bm.token_ids(1) == list(range(1, 7))
+    assert bm.token_ids(2) == [*range(1, 7), 99]
+    plain = [5, 6, 7]
+    bm.add_sequence(3, plain)
+    plain.append(8)  # the caller's own edit is not the manager's: it hears of tokens through append_tokens
+    assert bm.token_ids(3) == [5, 6, 7]
+    for seq_id in (1, 2, 3):
+        bm.free(seq_id)
+    assert bm.num_free_blocks == 16
 
 
 # ------------------------------------------------------------------------------------------------- errors

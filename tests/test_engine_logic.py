@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from tiny_models import SMALL, tiny_model
 
 from workbench.cache.block_invariants import check_block_manager
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.models import model_spec, random_model
 
 BLOCK_SIZE = 4
 MAX_PROMPT = 14
@@ -37,10 +37,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see t
 
 
 @cache
-def tiny_model(num_layers: int = 2):
-    """SmolLM2's attention shapes (9 query heads over 3 KV heads, head_dim 64) with few layers and a small vocab."""
-    spec = model_spec("smollm2-135m").replace(num_layers=num_layers, vocab_size=256, intermediate_size=128)
-    return random_model(spec, device="cpu", seed=num_layers)
+def small_model(num_layers: int = 2):
+    return tiny_model(seed=num_layers, num_layers=num_layers, **SMALL)
 
 
 class EngineUnderTraffic(RuleBasedStateMachine):
@@ -54,10 +52,10 @@ class EngineUnderTraffic(RuleBasedStateMachine):
                                     enable_chunked_prefill=chunked, max_prefill_chunk=chunk if chunked else None,
                                     batching=batching, dynamic_batch_size=2, dynamic_max_wait_s=0.03)
         self.engine = LLMEngine(
-            tiny_model(), None, cache_config=CacheConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE,
+            small_model(), None, cache_config=CacheConfig(num_blocks=num_blocks, block_size=BLOCK_SIZE,
                                                          enable_prefix_caching=prefix),
             scheduler_config=scheduler, spec_config=SpecConfig(spec[0], spec[1]) if spec else None,
-            draft_model=tiny_model(1) if spec and spec[0] == "draft" else None)  # a 1-layer model drafts
+            draft_model=small_model(1) if spec and spec[0] == "draft" else None)  # a 1-layer model drafts
         self.engine.clock = lambda: self.now  # dynamic batching waits on this clock, not the wall
         self.params: dict[str, SamplingParams] = {}
         self.ended: set[str] = set()

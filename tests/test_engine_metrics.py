@@ -71,8 +71,9 @@ def test_workload_files_load():
     ({"prompt": ""}, "non-empty"),
     ({"prompt": [10**6]}, "outside the vocabulary"),
     ({"prompt": "hi", "params": "greedy"}, "SamplingParams"),
-    ({"prompt": "hi", "params": SamplingParams(max_tokens=100_000)}, "KV blocks"),
-    ({"prompt": [5] * 8192}, "context is 8192"),
+    ({"prompt": "hi", "params": SamplingParams(max_tokens=4000)}, "KV blocks"),  # fits the context, not the pool
+    ({"prompt": "hi", "params": SamplingParams(max_tokens=100_000)}, "maximum context length is 8192 tokens"),
+    ({"prompt": [5] * 8192}, "maximum context length is 8192 tokens"),
 ])
 def test_bad_requests_are_refused_and_others_keep_running(engine, kwargs, match):
     good = engine.add_request("Say hello.", SamplingParams(max_tokens=4))

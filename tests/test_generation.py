@@ -94,16 +94,20 @@ def test_empty_prompt_is_rejected(real_model, tokenizer, prompt):
 
 def test_prompt_longer_than_context_is_rejected(real_model):
     too_long = [5] * real_model.spec.max_context
-    with pytest.raises(ValueError, match="context is 8192"):
+    with pytest.raises(ValueError, match="maximum context length is 8192 tokens"):
         next(stream_token_ids(real_model, too_long, SamplingParams()))
 
 
-def test_generation_stops_at_the_context_end(tokenizer):
+def test_generation_runs_to_the_context_end_only_when_max_tokens_is_left_out(tokenizer):
+    """Issue 43, one max_tokens policy everywhere: past the context is refused (it was capped here), None is what
+    the context leaves."""
     import workbench
 
     spec = workbench.model_spec("smollm2-135m").replace(num_layers=1, max_position_embeddings=32)
     model = workbench.random_model(spec, device="cpu")
-    events = list(stream_token_ids(model, [1] * 30, SamplingParams(max_tokens=10, ignore_eos=True)))
+    with pytest.raises(ValueError, match=r"maximum context length is 32 tokens, you requested 40 tokens"):
+        next(stream_token_ids(model, [1] * 30, SamplingParams(max_tokens=10, ignore_eos=True)))
+    events = list(stream_token_ids(model, [1] * 30, SamplingParams(max_tokens=None, ignore_eos=True)))
     assert len(events) == 2
 
 

@@ -9,6 +9,7 @@ import pytest
 from workbench.cache.block_manager import NoFreeBlocksError
 from workbench.cache.hybrid_block_manager import HOLE, HybridBlockManager
 from workbench.cache.kv_groups import KVGroup, KVGroupLayout, group_blocks_needed
+from workbench.intmath import ceil_div
 
 BS, WINDOW = 4, 6
 LAYOUT = KVGroupLayout((KVGroup(WINDOW, (0,)), KVGroup(None, (1,))), 2)
@@ -37,15 +38,15 @@ def test_a_window_group_frees_the_blocks_that_leave_its_window():
     run(blocks, 0, tokens)
     assert live(blocks.group_table(0, 0)) == 2  # positions 0..7: nothing has left a 6-token window yet
     for n in range(9, 41):  # decode one token at a time
-        tokens.append(n - 1)
+        blocks.append_tokens(0, [n - 1])  # the manager keeps its own copy of the tokens
         blocks.reserve(0, n)
         blocks.mark_computed(0, n)
         window_table = blocks.group_table(0, 0)
         first_needed = max(0, n - WINDOW + 1) // BS  # the block of the oldest key the next query sees
         assert all(b == HOLE for b in window_table[:max(0, (n - 1) - WINDOW + 1) // BS])
-        assert live(window_table) <= -(-WINDOW // BS) + 1
+        assert live(window_table) <= ceil_div(WINDOW, BS) + 1
         assert window_table[first_needed] != HOLE or first_needed >= len(window_table)
-        assert live(blocks.group_table(0, 1)) == -(-n // BS)  # full attention keeps everything
+        assert live(blocks.group_table(0, 1)) == ceil_div(n, BS)  # full attention keeps everything
     assert blocks.num_slid_blocks > 0
     with pytest.raises(ValueError, match="left group 0's window"):
         blocks.slots(0, 0, 1, group=0)
@@ -84,7 +85,7 @@ def test_a_hit_stops_where_a_full_group_lost_a_block():
 
 def test_admission_counts_each_groups_real_demand():
     blocks = manager(chunk=8)
-    assert group_blocks_needed(WINDOW, 100, BS, 8) == -(-(WINDOW - 1 + 8) // BS) + 1  # 5: not 25
+    assert group_blocks_needed(WINDOW, 100, BS, 8) == ceil_div(WINDOW - 1 + 8, BS) + 1  # 5: not 25
     assert group_blocks_needed(None, 100, BS, 8) == 25
     assert blocks.blocks_needed(100) == 5 + 25
     assert blocks.blocks_needed(3) == 1 + 1  # never more than the sequence has

@@ -8,9 +8,8 @@ import logging
 import random
 
 import pytest
-import torch
+from tiny_models import tiny_model
 
-import workbench
 from workbench.cache.tier.config import KVOffloadConfig
 from workbench.cache.tier.keys import block_digests
 from workbench.cache.tier.rule import RestoreRule, TransferCost
@@ -25,8 +24,7 @@ SMALL_POOL = 8  # blocks: one 5-block request at a time, so every other session'
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    return workbench.random_model("smollm2-135m", num_layers=2, device="cpu")
+    return tiny_model(num_layers=2)
 
 
 def sessions(count: int = 4, turns: int = 3, seed: int = 0) -> list[list[int]]:

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
-import workbench
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.tier.codec import BlockCodec
 from workbench.cache.tier.config import KVOffloadConfig
@@ -28,8 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 @pytest.fixture(scope="module")
 def tiny():
-    torch.manual_seed(0)
-    return workbench.random_model("smollm2-135m", num_layers=2, device="cpu")
+    return tiny_model(num_layers=2)
 
 
 def filled_cache(model, seed: int, blocks: int = 8) -> PagedKVCache:

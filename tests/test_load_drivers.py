@@ -11,26 +11,25 @@ from functools import cache
 
 import numpy as np
 import pytest
+from tiny_models import SMALL, tiny_model
 
 from workbench.bench.drive import drive
 from workbench.bench.runner import LoadShape
 from workbench.bench.synthetic import random_requests
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.models import model_spec, random_model
 from workbench.serve.launch import ServerThread
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
 
 @cache
-def tiny_model():
-    spec = model_spec("smollm2-135m").replace(num_layers=1, vocab_size=256, intermediate_size=128)
-    return random_model(spec, device="cpu", seed=2)
+def small_model():
+    return tiny_model(seed=2, num_layers=1, **SMALL)
 
 
 def tiny_engine(max_num_seqs: int = 8) -> LLMEngine:
-    return LLMEngine(tiny_model(), cache_config=CacheConfig(block_size=4, num_blocks=256),
+    return LLMEngine(small_model(), cache_config=CacheConfig(block_size=4, num_blocks=256),
                      scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=128))
 
 

@@ -12,6 +12,8 @@ with it (seen in a run where the burst's backlog lasted to the end: with no gap 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from monitoring_helpers import tiny_server
 
@@ -60,6 +62,6 @@ def test_capacity_from_a_measured_sweep():
     lenient = TrafficProfile(30.0, [32], [8], ttft_slo_s=60, itl_slo_s=60)
     plan = plan_from_sweep(lenient, sweep)
     assert plan["rps_per_replica"] == sweep["request_throughput"].max()
-    assert plan["replicas"] >= 1 and plan["replicas"] == -(-30.0 * 1.2 // plan["rps_per_replica"])
+    assert plan["replicas"] >= 1 and plan["replicas"] == math.ceil(30.0 * 1.2 / plan["rps_per_replica"])
     impossible = TrafficProfile(30.0, [32], [8], ttft_slo_s=1e-6, itl_slo_s=1e-6)
     assert plan_from_sweep(impossible, sweep)["replicas"] == float("inf")

@@ -10,6 +10,7 @@ from functools import cache
 
 import pytest
 import torch
+from tiny_models import SMALL, tiny_model
 from torch.profiler import profile
 
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
@@ -22,13 +23,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see t
 
 
 @cache
-def tiny_model():
-    spec = model_spec("smollm2-135m").replace(num_layers=2, vocab_size=256, intermediate_size=128)
-    return random_model(spec, device="cpu", seed=2)
+def small_model():
+    return tiny_model(seed=2, num_layers=2, **SMALL)
 
 
 def busy_engine(spec: bool) -> LLMEngine:
-    engine = LLMEngine(tiny_model(), None, cache_config=CacheConfig(num_blocks=64, block_size=4),
+    engine = LLMEngine(small_model(), None, cache_config=CacheConfig(num_blocks=64, block_size=4),
                        scheduler_config=SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64),
                        spec_config=SpecConfig("ngram", 2) if spec else None)
     for i in range(4):  # repeating prompts, so prompt lookup drafts
@@ -54,7 +54,7 @@ def test_profile_steps_checks_its_input():
     engine = busy_engine(spec=False)
     with pytest.raises(ValueError, match="num_steps"):
         profile_steps(engine, 0)
-    empty = LLMEngine(tiny_model(), None, cache_config=CacheConfig(num_blocks=8, block_size=4))
+    empty = LLMEngine(small_model(), None, cache_config=CacheConfig(num_blocks=8, block_size=4))
     with pytest.raises(ValueError, match="no requests"):
         profile_steps(empty, 3)
 

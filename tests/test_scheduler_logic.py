@@ -6,14 +6,17 @@ sequence whose known tokens are all computed gets one more token (always 7: valu
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import itertools
+from pathlib import Path
 
 import pytest
 
-from workbench.cache.block_invariants import check_block_manager
+from workbench.cache.block_invariants import check_block_manager, check_sequences
 from workbench.cache.block_manager import BlockManager
 from workbench.config import SamplingParams, SchedulerConfig
-from workbench.engine.scheduler import Scheduler, SchedulerOutput
+from workbench.engine.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from workbench.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 BLOCK = 4
@@ -31,7 +34,7 @@ class Pool:
     def seq(self, prompt_len: int, max_tokens: int = 8, first_token: int = 1) -> Sequence:
         prompt = list(range(first_token, first_token + prompt_len))
         return Sequence(next(self.ids), f"r{len(prompt)}", prompt, SamplingParams(max_tokens=max_tokens),
-                        prompt_len + max_tokens, self.now, blocks=self.blocks)
+                        prompt_len + max_tokens, self.now)
 
     def add(self, *lengths: int, n: int = 1) -> list[Sequence]:
         added = []
@@ -46,13 +49,14 @@ class Pool:
         out = self.scheduler.schedule(self.now)
         for item in out.scheduled:
             seq = item.seq
-            self.blocks.mark_computed(seq.seq_id, seq.num_computed_tokens + item.num_new_tokens)
+            self.scheduler.mark_computed(seq, seq.num_computed_tokens + item.num_new_tokens)
             if seq.num_uncomputed_tokens == 0:
                 for due in (seq, *self.scheduler.fork(seq)):
-                    due.append_token(7, self.now)
+                    self.scheduler.append_token(due, 7, self.now)
         if out.block_copies:  # copies go before the forward; here there is nothing to copy
             assert all(src != dst for src, dst in out.block_copies)
         check_block_manager(self.blocks)
+        check_sequences(self.blocks, self.scheduler.running, self.scheduler.waiting)
         return out
 
 
@@ -197,3 +201,63 @@ def test_admission_counts_siblings_against_max_num_seqs():
     assert len(pool.scheduler.running) == 3
     with pytest.raises(ValueError, match="n = 4 completions"):
         pool.add(2, n=4)
+
+
+# --------------------------------------------------------------------------------------- who owns what (#43)
+def test_the_computed_count_is_the_schedulers_and_an_unknown_sequence_raises():
+    """Issue 43: Sequence.num_computed_tokens read the block manager through a reference on the sequence and
+    answered 0 for a sequence the manager did not know. It is a plain count the scheduler sets from the manager,
+    which raises for a sequence it does not know."""
+    pool = Pool(8, max_num_batched_tokens=32, max_num_seqs=4)
+    (seq,) = pool.add(5)
+    assert not hasattr(seq, "blocks") and seq.num_computed_tokens == 0
+    with pytest.raises(ValueError, match=f"unknown seq_id {seq.seq_id}"):
+        pool.scheduler.mark_computed(seq, 1)  # waiting: not in the block manager, and it says so
+    pool.step()
+    assert seq.num_computed_tokens == pool.blocks.num_computed_tokens(seq.seq_id) == 5
+    pool.scheduler.finish(seq, FinishReason.ABORT, pool.now)
+    assert seq.num_computed_tokens == 0
+    with pytest.raises(ValueError, match="unknown seq_id"):
+        pool.blocks.num_computed_tokens(seq.seq_id)
+
+
+def test_check_sequences_catches_a_count_or_a_token_list_out_of_step():
+    pool = Pool(8, max_num_batched_tokens=32, max_num_seqs=4)
+    (seq,) = pool.add(5)
+    pool.step()
+    seq.num_computed_tokens -= 1
+    with pytest.raises(AssertionError, match="computed tokens on the sequence"):
+        check_sequences(pool.blocks, pool.scheduler.running, pool.scheduler.waiting)
+    seq.num_computed_tokens += 1
+    seq.append_token(9, pool.now)  # behind the scheduler's back: the block manager never heard of it
+    with pytest.raises(AssertionError, match="the block manager's tokens"):
+        check_sequences(pool.blocks, pool.scheduler.running, pool.scheduler.waiting)
+
+
+CPU_SIDE = ["engine/scheduler.py", "engine/admission_policy.py", "cache/block_manager.py",
+            "cache/block_manager_base.py", "cache/hybrid_block_manager.py", "cache/prefix_cache.py",
+            "cache/grouped_prefix_cache.py", "cache/block_pool.py", "cache/kv_groups.py"]
+
+
+@pytest.mark.parametrize("module", CPU_SIDE)
+def test_the_cpu_side_imports_no_tensor_library(module):
+    """Issue 43: the scheduler, whose docstring says it never touches a tensor, imported torch for the drafts'
+    distributions it carried (now `workbench.spec.drafts`, beside its decision, not in it)."""
+    path = Path(__file__).resolve().parents[1] / "workbench" / module
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    assert not [n for n in names if n.split(".")[0] in ("torch", "numpy", "triton")], names
+
+
+def test_a_scheduling_decision_is_not_rewritten_after_it_is_made():
+    pool = Pool(8, max_num_batched_tokens=32, max_num_seqs=4)
+    pool.add(5)
+    (item,) = pool.step().scheduled
+    assert isinstance(item, ScheduledSeq) and {f.name for f in dataclasses.fields(item)} == {
+        "seq", "num_new_tokens", "lookahead", "multi_step"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        item.num_new_tokens = 3

@@ -11,6 +11,7 @@ from collections import deque
 from functools import cache
 
 import pytest
+from tiny_models import SMALL, tiny_model
 
 from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.block_manager import BlockManager
@@ -18,7 +19,6 @@ from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.admission_policy import AdmissionPolicy
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.sequence import Sequence
-from workbench.models import model_spec, random_model
 
 BLOCK = 4
 
@@ -27,13 +27,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see t
 
 
 @cache
-def tiny_model():
-    spec = model_spec("smollm2-135m").replace(num_layers=1, vocab_size=256, intermediate_size=128)
-    return random_model(spec, device="cpu", seed=1)
+def small_model():
+    return tiny_model(seed=1, num_layers=1, **SMALL)
 
 
 def engine(num_blocks: int, max_num_seqs: int, **policy) -> LLMEngine:
-    return LLMEngine(tiny_model(), cache_config=CacheConfig(block_size=BLOCK, num_blocks=num_blocks),
+    return LLMEngine(small_model(), cache_config=CacheConfig(block_size=BLOCK, num_blocks=num_blocks),
                      scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
                                                       **policy))
 

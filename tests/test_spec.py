@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from chi_square import chi2, chi2_critical
+from tiny_models import tiny_model
 
 import workbench
 from workbench.cache.block_invariants import check_block_manager
@@ -20,22 +20,6 @@ from workbench.spec.verify import verify_greedy, verify_sampled
 PROMPTS = ["Repeat exactly: the cat sat on the mat, the cat sat on the mat, the dog sat on the log.",
            "Write a haiku about autumn.", "List three uses of a paperclip.",
            "Copy this list: apples, pears, plums, apples, pears, plums, figs."]
-
-
-def chi2_critical(df: int, z: float = 3.09) -> float:
-    """Upper quantile of chi-square (Wilson-Hilferty); z = 3.09 is the normal 99.9% point."""
-    c = 2 / (9 * df)
-    return df * (1 - c + z * math.sqrt(c)) ** 3
-
-
-def chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Statistic and degrees of freedom over cells with expected count >= 5 (rare cells pooled)."""
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
 
 
 # ------------------------------------------------------------------------------------------------- units
@@ -218,10 +202,9 @@ def test_bad_spec_config():
 
 # -------------------------------------------------------------------------------------- engine, sampled
 def tiny(seed: int):
-    spec = workbench.model_spec("smollm2-135m").replace(
-        vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-        max_position_embeddings=64)
-    return workbench.random_model(spec, device="cpu", seed=seed, std=0.5)
+    """A 6-token vocabulary, so that the distribution of generated pairs can be enumerated exactly."""
+    return tiny_model(seed=seed, std=0.5, vocab_size=6, hidden_size=32, intermediate_size=64, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64)
 
 
 def exact_pairs(model, prompt: list[int], temperature: float) -> torch.Tensor:

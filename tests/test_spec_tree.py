@@ -4,18 +4,18 @@ counters and the config. The engine end to end is in test_spec_tree_engine.py.""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
+from chi_square import chi2, chi2_critical
+from tiny_models import tiny_model
 
-import workbench
 from workbench.cache.block_manager import BlockManager
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch, tree_entry
 from workbench.config import SamplingParams, SpecConfig
 from workbench.models.attention import NoCacheAttention
+from workbench.spec.drafts import Drafts
 from workbench.spec.ngram import propose_ngram, propose_ngram_tree
 from workbench.spec.stats import SpecCounters, expected_tokens_per_pass
 from workbench.spec.tree import DraftTree, expected_tree_tokens, static_tree_parents, static_tree_size
@@ -25,34 +25,16 @@ from workbench.spec.tree_verify import TreeVerdict, verify_tree_greedy, verify_t
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def chi2_critical(df: int, z: float = 3.09) -> float:
-    """Upper quantile of chi-square (Wilson-Hilferty); z = 3.09 is the normal 99.9% point."""
-    c = 2 / (9 * df)
-    return df * (1 - c + z * math.sqrt(c)) ** 3
-
-
-def chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Statistic and degrees of freedom over cells with expected count >= 5 (rare cells pooled)."""
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
-
-
-def tiny_model(seed: int = 3, vocab: int = 300):
-    spec = workbench.model_spec("smollm2-135m").replace(
-        vocab_size=vocab, hidden_size=144, intermediate_size=160, num_layers=2, num_heads=9, num_kv_heads=3,
-        head_dim=16, max_position_embeddings=256)
-    return workbench.random_model(spec, device="cpu", seed=seed, std=0.3)
+def small_model(seed: int = 3, vocab: int = 300):
+    return tiny_model(seed=seed, std=0.3, vocab_size=vocab, hidden_size=144, intermediate_size=160, num_layers=2,
+                      num_heads=9, num_kv_heads=3, head_dim=16, max_position_embeddings=256)
 
 
 # ------------------------------------------------------------------------------------------ the tree forward
 def test_a_tree_forward_gives_every_node_the_logits_of_its_path_alone():
     """One paged forward over prefix-cached context + a flattened tree: node i's logits equal a plain causal
     forward over prompt + its root-to-node path (positions prefix + depth, ancestors only, one slot per node)."""
-    model = tiny_model()
+    model = small_model()
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 300, (13,), generator=gen).tolist()
     parents = [-1, 0, 0, 0, 1, 1, 3, 4, 6, 6]  # siblings at depth 1, 2 and 4; node 8 and 9 deep under node 3
@@ -323,3 +305,18 @@ def test_serve_options_build_tree_configs():
         engine_configs(parser.parse_args(["--speculative-method", "ngram", "--speculative-tree", "2,2"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["--speculative-tree", "3,x"])
+
+
+def test_drafts_are_cut_to_the_reserved_slots_and_a_tree_that_does_not_fit_is_refused():
+    """The drafting step's output (`workbench.spec.drafts`), which the scheduler's decision no longer carries."""
+    probs = torch.full((3, 5), 0.2)
+    chain = Drafts.chain([4, 5, 6], probs, slots=2)
+    assert chain.tokens == [4, 5] and chain.probs.shape == (2, 5) and chain.num_fed == 3
+    assert Drafts.chain([], None, slots=2) is None and Drafts.chain([4], None, slots=0) is None
+    tree = DraftTree([7, 1, 2, 3], [-1, 0, 0, 1])
+    assert Drafts.of_tree(tree, newest=7, slots=3).num_fed == tree.num_nodes
+    assert Drafts.of_tree(DraftTree([7], [-1]), newest=7, slots=3) is None  # a bare root: a plain decode
+    with pytest.raises(RuntimeError, match="a tree of 3 drafted nodes rooted at token 7 does not fit 2 slots"):
+        Drafts.of_tree(tree, newest=7, slots=2)
+    with pytest.raises(RuntimeError, match="after token 8"):
+        Drafts.of_tree(tree, newest=8, slots=3)

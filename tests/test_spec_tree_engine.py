@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_spec import PROMPTS, chi2, chi2_critical, exact_pairs, tiny
+from chi_square import chi2, chi2_critical
+from test_spec import PROMPTS, exact_pairs, tiny
 
 import workbench
 from workbench.cache.block_invariants import check_block_manager

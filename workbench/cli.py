@@ -90,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                       help="share of a GPU's memory the engine may use (vLLM's default 0.9)")
 
-    fetch = sub.add_parser("fetch", help="convert the real model into the cache directory")
+    fetch = sub.add_parser("fetch", help="convert the real model into the cache directory and build the GGUF CPU "
+                                         "product")
     fetch.add_argument("model", nargs="?", default="smollm2-135m")
     fetch.add_argument("--force", action="store_true", help="convert again even if present")
 
@@ -254,9 +255,13 @@ def _parallel_rows(spec, args: argparse.Namespace, dtype: torch.dtype) -> list[t
 
 
 def _fetch(args: argparse.Namespace) -> None:
-    from workbench.models import fetch_model
+    from workbench.models import fetch_model, gguf_cpu
 
     print(fetch_model(args.model, force=args.force))
+    # The GGUF weight formats' CPU product is compiled here too (a few seconds, once per machine), so that `make
+    # setup` builds it and the first `--weights q4_1` does not; a failure is reported and the formats fall back.
+    status = gguf_cpu.extension()
+    print(f"GGUF CPU product: {status.vector_path + ' extension' if status.loaded else status.reason}")
 
 
 def _serve(args: argparse.Namespace) -> None:

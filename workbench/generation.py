@@ -23,7 +23,7 @@ from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
-from workbench.prompts import check_prompt_fits, encode_prompt, eos_token_ids
+from workbench.prompts import check_context, encode_prompt, eos_token_ids
 from workbench.sampling import apply_history, make_generator, sample
 
 
@@ -68,14 +68,15 @@ class GenerationResult:
 def stream_token_ids(model: LlamaModel, prompt_ids: list[int], params: SamplingParams, *,
                      use_cache: bool = True, eos_ids: set[int] | frozenset[int] = frozenset()
                      ) -> Iterator[TokenEvent]:
-    """Yield each generated token as soon as it is sampled. Stops at max_tokens, an EOS or stop token id
-    (included in the output), or the end of the model's context."""
+    """Yield each generated token as soon as it is sampled. Stops at max_tokens (None: the end of the model's
+    context), an EOS or stop token id (included in the output). A prompt and max_tokens past the context are
+    refused (`workbench.prompts.check_context`)."""
     start = time.perf_counter()
     max_context = model.spec.max_context
-    check_prompt_fits(len(prompt_ids), max_context)
+    check_context(len(prompt_ids), params.max_tokens, max_context)
     device = model.device
     stop_ids = params.stop_ids(eos_ids)
-    budget = min(params.max_tokens, max_context - len(prompt_ids))
+    budget = max_context - len(prompt_ids) if params.max_tokens is None else params.max_tokens
     generator = make_generator(params, device)
     tokens = torch.tensor(prompt_ids, dtype=torch.long, device=device)
     cache = None

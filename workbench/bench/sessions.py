@@ -22,6 +22,7 @@ import pandas as pd
 from workbench.cache.tier.config import KVOffloadConfig
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.intmath import ceil_div
 
 BLOCK_SIZE = 16
 ARMS = ("no tier", "host tier", "disk tier")
@@ -35,7 +36,7 @@ def session_starts(sessions: int, history: int, seed: int = 0, vocab: int = 4915
 def device_blocks_for(sessions: int, history: int, turns: int, new: int, max_tokens: int) -> int:
     """A device pool holding the longest turn and about half of the others': every session is evicted before it
     returns when there are three or more."""
-    longest = -(-(history + turns * (new + max_tokens)) // BLOCK_SIZE) + 1
+    longest = ceil_div(history + turns * (new + max_tokens), BLOCK_SIZE) + 1
     return max(longest + 2, int(longest * max(1.5, sessions / 2)))
 
 

@@ -5,15 +5,19 @@ the manager maintains incrementally (reference counts, the free/evictable/used p
 index) and the properties that make sharing safe: a cached block's stored tokens equal the tokens of every
 sequence that maps it, tables sharing a block agree on every block before it (so all users of a cached block
 hold the prefix it extends), and the eviction order never puts a prefix before a block extending it.
-Property tests call it after every step; the engine never does.
+:func:`check_sequences` checks what the engine's scheduler keeps in step with the manager: the sequences it runs
+are the ones the manager knows, with the same tokens and computed counts, and the waiting ones hold nothing.
+Property tests call them after every step; the engine never does.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 
 from workbench.cache.block_manager import BlockManager, _SeqState
 from workbench.cache.prefix_cache import ROOT
+from workbench.intmath import ceil_div
 
 
 def _require(ok: bool, message: str) -> None:
@@ -40,6 +44,25 @@ def check_block_manager(bm: BlockManager) -> None:
         _require(bm._pool.ref[block] == counts[block],
                  f"block {block} has ref count {bm._pool.ref[block]} but {counts[block]} table entries")
     _check_eviction_order(bm)
+
+
+def check_sequences(bm, running: Iterable, waiting: Iterable) -> None:
+    """Raise AssertionError unless the scheduler's sequences (anything with ``seq_id``, ``token_ids`` and
+    ``num_computed_tokens``) and the block manager ``bm`` (either kind) agree."""
+    running = list(running)
+    known = {seq_id for seq_id in bm._seqs}
+    _require(known == {s.seq_id for s in running},
+             f"the block manager knows seqs {sorted(known)} but {sorted(s.seq_id for s in running)} are running")
+    for seq in running:
+        _require(bm.token_ids(seq.seq_id) == list(seq.token_ids),
+                 f"seq {seq.seq_id}: the block manager's tokens {bm.token_ids(seq.seq_id)} differ from the "
+                 f"sequence's {seq.token_ids}")
+        _require(bm.num_computed_tokens(seq.seq_id) == seq.num_computed_tokens,
+                 f"seq {seq.seq_id}: {seq.num_computed_tokens} computed tokens on the sequence, "
+                 f"{bm.num_computed_tokens(seq.seq_id)} in the block manager")
+    for seq in waiting:
+        _require(seq.num_computed_tokens == 0, f"waiting seq {seq.seq_id} counts {seq.num_computed_tokens} "
+                 "computed tokens")
 
 
 def _check_partition(bm: BlockManager) -> None:
@@ -75,7 +98,7 @@ def _check_sequence(bm: BlockManager, seq_id: int, seq: _SeqState) -> None:
     _require(0 <= seq.num_computed <= min(len(seq.tokens), seq.num_reserved),
              f"seq {seq_id}: computed {seq.num_computed} exceeds tokens {len(seq.tokens)} or reserved "
              f"{seq.num_reserved}")
-    _require(len(seq.table) == -(-seq.num_reserved // size),
+    _require(len(seq.table) == ceil_div(seq.num_reserved, size),
              f"seq {seq_id}: {len(seq.table)} blocks for {seq.num_reserved} reserved tokens")
     _require(len(seq.table) == len(set(seq.table)), f"seq {seq_id} maps a block twice: {seq.table}")
     _require(seq.num_registered <= seq.num_computed // size,

@@ -12,76 +12,58 @@ written: the sequence about to write into one gets a private copy first (copy-on
 performs the copies ``reserve()`` returns.
 
 Per sequence, the manager owns how many positions have slots (``reserved``) and how many of those hold computed
-KV (``computed``); new KV is always written at positions ``computed`` onwards. The tokens are the caller's:
-``add_sequence`` keeps the very list it is handed (no copy) and reads the tokens of each block it hashes from
-it. The engine's sequences append to that list themselves, so nothing is mirrored; a caller driving the
-manager by hand (tests, notebooks) may let ``append_tokens``/``truncate`` edit it instead. This is the
-engine's CPU side: it only moves integers and never touches a tensor.
+KV (``computed``); new KV is always written at positions ``computed`` onwards. It keeps its own copy of the
+sequence's tokens, to hash the blocks it registers (`workbench.cache.block_manager_base`): ``append_tokens``
+extends the copy, ``truncate`` shortens it, and neither touches the caller's list. This is the engine's CPU
+side: it only moves integers and never touches a tensor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
-from workbench.cache.block_pool import BlockPool
-from workbench.cache.prefix_cache import ROOT, HashFn, PrefixCache, PrefixCacheStats
+from workbench.cache.block_manager_base import (
+    BlockManagerBase,
+    NoFreeBlocksError,
+    SequenceRecord,
+    check_count,
+    check_sizes,
+)
+from workbench.cache.prefix_cache import ROOT, HashFn, PrefixCache
+from workbench.intmath import ceil_div
+
+__all__ = ["BlockManager", "NoFreeBlocksError"]
 
 
-class NoFreeBlocksError(RuntimeError):
-    """Not enough free or evictable blocks for a reservation; nothing was changed."""
-
-
-class _SeqState:
-    __slots__ = ("tokens", "table", "num_computed", "num_reserved", "num_registered")
+class _SeqState(SequenceRecord):
+    __slots__ = ("table", "num_registered")
 
     def __init__(self, tokens: list[int], table: list[int], num_computed: int, num_reserved: int,
                  num_registered: int):
-        self.tokens = tokens  # the caller's list, not a copy
-        self.table = table
-        self.num_computed = num_computed    # positions [0, num_computed) hold this sequence's KV
-        self.num_reserved = num_reserved    # positions [0, num_reserved) have slots; len(table) covers them
+        super().__init__(tokens, num_computed, num_reserved)
+        self.table = table  # len(table) covers num_reserved
         self.num_registered = num_registered  # table[:num_registered] are all in the prefix cache
 
 
-def _check_count(name: str, value: int, upper: int | None = None) -> None:
-    if upper is None and value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    if upper is not None and not 0 <= value <= upper:
-        raise ValueError(f"{name} must be in [0, {upper}], got {value}")
-
-
-class BlockManager:
+class BlockManager(BlockManagerBase):
     """Allocates KV blocks to sequences, shares them by reference count and caches full blocks by prefix."""
 
-    __slots__ = ("num_blocks", "block_size", "_caching", "prefix_cache", "_pool", "_ref", "_seqs")
+    __slots__ = ()
 
     def __init__(self, num_blocks: int, block_size: int = 16, *, enable_prefix_caching: bool = True,
                  hash_fn: HashFn | None = None):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self._caching = bool(enable_prefix_caching)
-        self.prefix_cache = PrefixCache(block_size, hash_fn)
-        self._pool = BlockPool(num_blocks, self.prefix_cache)
-        self._ref = self._pool.ref  # read on every call; the pool owns and updates it
-        self._seqs: dict[int, _SeqState] = {}
+        check_sizes(num_blocks=num_blocks, block_size=block_size)
+        super().__init__(num_blocks, block_size, PrefixCache(block_size, hash_fn), enable_prefix_caching)
 
     # ---------------------------------------------------------------------------------- sequence lifecycle
-    def add_sequence(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
-        """Register a sequence with its token list and return how many leading tokens are already cached
+    def add_sequence(self, seq_id: int, token_ids: Sequence[int], lookup: bool = True) -> int:
+        """Register a sequence with its tokens and return how many leading tokens are already cached
         (a multiple of block_size, always < len(token_ids): the block holding the last token is computed so
         that the forward yields logits). Takes the hit blocks from the cache and allocates nothing else.
-        The list stays the caller's: the manager keeps it (no copy) and sees what the caller appends to it.
+        The manager keeps a copy of the tokens; tell it about later ones with ``append_tokens``.
         ``lookup=False``: compute every token (a request that wants each prompt token's logits); its full blocks
         are still registered for others, and the skipped lookup is no prefix-cache query (as in vLLM)."""
-        if seq_id in self._seqs:
-            raise ValueError(f"seq_id {seq_id!r} is already added; free it before adding it again")
-        if not isinstance(token_ids, list) or len(token_ids) == 0:
-            raise ValueError(f"token_ids for seq_id {seq_id!r} must be a non-empty list, got {token_ids!r}")
-        tokens = token_ids
+        tokens = self._new_tokens(seq_id, token_ids)
         hits: list[int] = []
         if self.enable_prefix_caching and lookup:
             hits = self.prefix_cache.lookup(tokens, (len(tokens) - 1) // self.block_size)
@@ -90,23 +72,13 @@ class BlockManager:
         num_hit = len(hits) * self.block_size
         self._seqs[seq_id] = _SeqState(tokens, hits, num_hit, num_hit, len(hits))
         if lookup:
-            stats = self.prefix_cache.stats
-            stats.queried_tokens += len(tokens)
-            stats.hit_tokens += num_hit
+            self._count_query(len(tokens), num_hit)
         return num_hit
-
-    def append_tokens(self, seq_id: int, token_ids: Sequence[int]) -> None:
-        """Extend the sequence's token list (for callers that drive the manager by hand; the engine's sequences
-        append to their own list, which is this one)."""
-        self._get(seq_id).tokens.extend(token_ids)
 
     def blocks_to_reserve(self, seq_id: int, num_tokens: int) -> int:
         """Free blocks ``reserve(seq_id, num_tokens)`` would consume (new blocks plus copy-on-write copies)."""
         cow, new_blocks = self._reservation(self._get(seq_id), num_tokens)
         return len(cow) + new_blocks
-
-    def can_reserve(self, seq_id: int, num_tokens: int) -> bool:
-        return self.blocks_to_reserve(seq_id, num_tokens) <= self.num_free_blocks
 
     def reserve(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]]:
         """Make sure slots exist for positions [0, num_tokens), allocating blocks on demand. If writes are
@@ -141,11 +113,11 @@ class BlockManager:
         ValueError if a newly computed position lies in a shared or cached block: the KV was written without
         the reserve() that copies such blocks (needed after fork() or truncate())."""
         seq = self._get(seq_id)
-        _check_count("num_tokens", num_tokens, min(len(seq.tokens), seq.num_reserved))
+        check_count("num_tokens", num_tokens, min(len(seq.tokens), seq.num_reserved))
         if num_tokens <= seq.num_computed:
             return
         size = self.block_size
-        for block in seq.table[seq.num_computed // size:-(-num_tokens // size)]:
+        for block in seq.table[seq.num_computed // size:ceil_div(num_tokens, size)]:
             if self._ref[block] > 1 or block in self.prefix_cache:
                 raise ValueError(f"seq_id {seq_id!r}: KV up to position {num_tokens} was written into block {block}, "
                                  "which is shared or cached; reserve() after fork() or truncate() and before writing")
@@ -153,21 +125,15 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._register_full_blocks(seq)
 
-    def fork(self, parent_id: int, child_id: int, token_ids: list[int] | None = None) -> None:
-        """The child shares every block of the parent (reference count + 1). Its token list is ``token_ids``
-        (kept like add_sequence's), which must equal the parent's wherever the parent has computed KV; by
-        default a copy of the parent's list."""
+    def fork(self, parent_id: int, child_id: int, token_ids: Sequence[int] | None = None) -> None:
+        """The child shares every block of the parent (reference count + 1). Its tokens are ``token_ids``
+        (copied like add_sequence's), which must equal the parent's wherever the parent has computed KV; by
+        default the parent's."""
+        tokens = self._fork_tokens(parent_id, child_id, token_ids)
         parent = self._get(parent_id)
-        if child_id in self._seqs:
-            raise ValueError(f"child seq_id {child_id!r} is already added; choose an unused id")
-        computed = parent.num_computed
-        token_ids = list(parent.tokens) if token_ids is None else token_ids
-        if not isinstance(token_ids, list) or token_ids[:computed] != parent.tokens[:computed]:
-            raise ValueError(f"child seq_id {child_id!r} must be handed a token list that starts with the "
-                             f"{computed} computed tokens of its parent {parent_id!r}")
         for block in parent.table:
             self._pool.acquire(block)
-        self._seqs[child_id] = _SeqState(token_ids, list(parent.table), computed, parent.num_reserved,
+        self._seqs[child_id] = _SeqState(tokens, list(parent.table), parent.num_computed, parent.num_reserved,
                                          parent.num_registered)
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
@@ -175,12 +141,9 @@ class BlockManager:
         blocks no longer needed. Cached blocks stay cached; a kept block that is shared or cached is copied on
         the next reserve() that writes into it."""
         seq = self._get(seq_id)
-        _check_count("num_tokens", num_tokens, max(len(seq.tokens), seq.num_reserved))
-        del seq.tokens[num_tokens:]
-        seq.num_computed = min(seq.num_computed, num_tokens)
-        seq.num_reserved = min(seq.num_reserved, num_tokens)
+        self._forget_past(seq, num_tokens)
         seq.num_registered = min(seq.num_registered, seq.num_computed // self.block_size)
-        keep = -(-seq.num_reserved // self.block_size)
+        keep = ceil_div(seq.num_reserved, self.block_size)
         surplus = seq.table[keep:]
         del seq.table[keep:]
         for block in reversed(surplus):
@@ -194,25 +157,8 @@ class BlockManager:
             self._pool.release(block)
 
     # ---------------------------------------------------------------------------------------------- queries
-    @property
-    def enable_prefix_caching(self) -> bool:
-        """Fixed at construction (blocks cached earlier would otherwise linger): build a new manager to toggle."""
-        return self._caching
-
-    def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._seqs
-
     def block_table(self, seq_id: int) -> list[int]:
         return list(self._get(seq_id).table)
-
-    def num_computed_tokens(self, seq_id: int) -> int:
-        return self._get(seq_id).num_computed
-
-    def num_reserved_tokens(self, seq_id: int) -> int:
-        return self._get(seq_id).num_reserved
-
-    def token_ids(self, seq_id: int) -> list[int]:
-        return list(self._get(seq_id).tokens)
 
     def slot(self, seq_id: int, position: int) -> int:
         seq = self._get(seq_id)
@@ -238,72 +184,28 @@ class BlockManager:
             position += count
         return out
 
-    @property
-    def num_free_blocks(self) -> int:
-        """Blocks an allocation can take: never-cached free ones plus evictable cached ones."""
-        return self._pool.num_free
-
-    @property
-    def num_used_blocks(self) -> int:
-        """Blocks referenced by at least one sequence."""
-        return self.num_blocks - self.num_free_blocks
-
-    @property
-    def num_cached_blocks(self) -> int:
-        """Blocks registered in the prefix cache, in use or evictable."""
-        return len(self.prefix_cache)
-
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
-    def ref_count(self, block_id: int) -> int:
-        return self._ref[block_id]
-
-    def evictable_blocks(self) -> list[int]:
-        """Unreferenced cached blocks in eviction order (next victim first)."""
-        return self.prefix_cache.evictable_blocks()
-
     def blocks_needed(self, token_ids_or_count: Sequence[int] | int) -> int:
         """How many of num_free_blocks admitting a new request would consume, so ``blocks_needed(prompt) <=
         num_free_blocks`` is the admission test. For a token list, cache hits on blocks already in use cost
         nothing; hits on evictable blocks still count, as taking them shrinks the free pool. Changes nothing."""
         if not hasattr(token_ids_or_count, "__len__"):
-            _check_count("token count", token_ids_or_count)
-            return -(-token_ids_or_count // self.block_size)
+            check_count("token count", token_ids_or_count)
+            return ceil_div(token_ids_or_count, self.block_size)
         tokens = token_ids_or_count
-        needed = -(-len(tokens) // self.block_size)
+        needed = ceil_div(len(tokens), self.block_size)
         if self.enable_prefix_caching and len(tokens) > 1:
             hits = self.prefix_cache.lookup(tokens, (len(tokens) - 1) // self.block_size)
             needed -= sum(1 for block in hits if self._ref[block] > 0)
         return needed
 
-    @property
-    def stats(self) -> PrefixCacheStats:
-        """A snapshot of the prefix-cache counters."""
-        return replace(self.prefix_cache.stats)
-
-    def reset_stats(self) -> None:
-        self.prefix_cache.stats = PrefixCacheStats()
-
-    def clear_prefix_cache(self) -> None:
-        """Drop every unreferenced cached block (they become plain free blocks); blocks in use stay cached."""
-        self._pool.clear_cache()
-
     # ------------------------------------------------------------------------------------------- internals
-    def _get(self, seq_id: int) -> _SeqState:
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            raise ValueError(f"unknown seq_id {seq_id!r} (never added, or already freed)")
-        return seq
-
     def _reservation(self, seq: _SeqState, num_tokens: int) -> tuple[list[int], int]:
         """Table indices to copy-on-write, and the number of new blocks, for reserve(num_tokens). Copies every
         shared or cached block from the first uncomputed position on, not just those below num_tokens: sparing
         one would leave a lookahead block shared by tables that differ before it."""
-        _check_count("num_tokens", num_tokens)
+        check_count("num_tokens", num_tokens)
         table, cache = seq.table, self.prefix_cache
-        new_blocks = max(0, -(-num_tokens // self.block_size) - len(table))
+        new_blocks = max(0, ceil_div(num_tokens, self.block_size) - len(table))
         if num_tokens <= seq.num_computed:
             return [], new_blocks
         cow = [index for index in range(seq.num_computed // self.block_size, len(table))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from workbench.cache.prefix_cache import PrefixCache
+from workbench.cache.prefix_cache import EvictablePool
 
 
 class BlockPool:
@@ -19,7 +19,7 @@ class BlockPool:
 
     __slots__ = ("num_blocks", "cache", "ref", "free")
 
-    def __init__(self, num_blocks: int, cache: PrefixCache):
+    def __init__(self, num_blocks: int, cache: EvictablePool):
         self.num_blocks = num_blocks
         self.cache = cache
         self.ref = [0] * num_blocks

@@ -18,11 +18,10 @@ Unreferenced registered blocks wait in one LRU pool across groups, as in the sin
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from workbench.cache.kv_groups import KVGroup, first_needed_position
-from workbench.cache.prefix_cache import ROOT, PrefixCacheStats
+from workbench.cache.prefix_cache import ROOT, EvictablePool
 
 
 class PrefixTrie:
@@ -80,18 +79,17 @@ class PrefixTrie:
         return nodes
 
 
-class GroupedPrefixCache:
+class GroupedPrefixCache(EvictablePool):
     """Which block of which group holds which prefix node, and the LRU pool of unreferenced ones."""
 
-    __slots__ = ("groups", "block_size", "trie", "stats", "_block_of", "_key_of", "_evictable")
+    __slots__ = ("groups", "trie", "_block_of", "_key_of")
 
     def __init__(self, groups: tuple[KVGroup, ...], block_size: int):
-        self.groups, self.block_size = groups, block_size
+        super().__init__(block_size)
+        self.groups = groups
         self.trie = PrefixTrie()
-        self.stats = PrefixCacheStats()
         self._block_of: dict[tuple[int, int], int] = {}  # (group, node) -> block
         self._key_of: dict[int, tuple[int, int]] = {}  # block -> (group, node)
-        self._evictable: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._key_of)
@@ -136,34 +134,6 @@ class GroupedPrefixCache:
         """Trie nodes of the longest cached prefix (at most ``max_blocks`` blocks). Changes nothing."""
         nodes = self.trie.path(token_ids, max_blocks, self.block_size)
         return nodes[:self.hit(nodes)]
-
-    # ------------------------------------------------------------------------------------ evictable pool
-    @property
-    def num_evictable(self) -> int:
-        return len(self._evictable)
-
-    def evictable_blocks(self) -> list[int]:
-        return list(self._evictable)
-
-    def release(self, block: int) -> None:
-        self._evictable[block] = None
-
-    def reuse(self, block: int) -> None:
-        self._evictable.pop(block, None)
-
-    def evict(self) -> int:
-        block, _ = self._evictable.popitem(last=False)
-        self._unregister(block)
-        self.stats.evicted_blocks += 1
-        self.stats.evicted_tokens += self.block_size
-        return block
-
-    def clear(self) -> list[int]:
-        blocks = list(self._evictable)
-        self._evictable.clear()
-        for block in blocks:
-            self._unregister(block)
-        return blocks
 
     def _unregister(self, block: int) -> None:
         group, node = self._key_of.pop(block)

@@ -21,63 +21,55 @@ which they never read. The CPU side only: integers, no tensors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
-from workbench.cache.block_manager import NoFreeBlocksError, _check_count
-from workbench.cache.block_pool import BlockPool
+from workbench.cache.block_manager_base import (
+    BlockManagerBase,
+    NoFreeBlocksError,
+    SequenceRecord,
+    check_count,
+    check_sizes,
+)
 from workbench.cache.grouped_prefix_cache import GroupedPrefixCache
 from workbench.cache.kv_groups import KVGroupLayout, first_needed_position, group_blocks_needed
-from workbench.cache.prefix_cache import ROOT, PrefixCacheStats
+from workbench.cache.prefix_cache import ROOT
+from workbench.intmath import ceil_div
 
 HOLE = -1  # a table entry whose block a sliding group has let go of
 
 
-class _Seq:
-    __slots__ = ("tokens", "tables", "nodes", "num_computed", "num_reserved", "registered")
+class _Seq(SequenceRecord):
+    __slots__ = ("tables", "nodes", "registered")
 
     def __init__(self, tokens: list[int], tables: list[list[int]], nodes: list[int], num_computed: int):
-        self.tokens = tokens  # the caller's list, not a copy
+        super().__init__(tokens, num_computed, num_computed)
         self.tables = tables  # one per group, HOLE where a sliding group freed the block
         self.nodes = nodes  # trie nodes of the full computed blocks (this sequence holds a reference on each)
-        self.num_computed = num_computed
-        self.num_reserved = num_computed
         self.registered = len(nodes)  # blocks [0, registered) went through registration
 
 
-class HybridBlockManager:
+class HybridBlockManager(BlockManagerBase):
     """Allocates each KV group's blocks from one shared pool, freeing what leaves a window."""
+
+    __slots__ = ("layout", "max_chunk", "num_slid_blocks")
 
     def __init__(self, num_blocks: int, block_size: int, layout: KVGroupLayout, *,
                  enable_prefix_caching: bool = True, max_chunk: int = 512):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_chunk", max_chunk)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.num_blocks, self.block_size, self.layout = num_blocks, block_size, layout
+        check_sizes(num_blocks=num_blocks, block_size=block_size, max_chunk=max_chunk)
+        super().__init__(num_blocks, block_size, GroupedPrefixCache(layout.groups, block_size), enable_prefix_caching)
+        self.layout = layout
         self.max_chunk = max_chunk  # tokens a sequence computes in one step at most (the admission estimate)
-        self._caching = bool(enable_prefix_caching)
-        self.prefix_cache = GroupedPrefixCache(layout.groups, block_size)
-        self._pool = BlockPool(num_blocks, self.prefix_cache)  # type: ignore[arg-type]  # same interface
-        self._ref = self._pool.ref
-        self._seqs: dict[int, _Seq] = {}
         self.num_slid_blocks = 0  # blocks let go of because they left a window (a counter for the lab)
 
     @property
     def num_groups(self) -> int:
         return len(self.layout.groups)
 
-    @property
-    def enable_prefix_caching(self) -> bool:
-        return self._caching
-
     # ---------------------------------------------------------------------------------- sequence lifecycle
-    def add_sequence(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
-        """Register a sequence (its token list is kept, not copied) and return how many leading tokens are
-        already cached: whole blocks, always fewer than all of them, each group holding what it needs.
+    def add_sequence(self, seq_id: int, token_ids: Sequence[int], lookup: bool = True) -> int:
+        """Register a sequence (a copy of its tokens is kept) and return how many leading tokens are already
+        cached: whole blocks, always fewer than all of them, each group holding what it needs.
         ``lookup=False``: compute every token (`BlockManager.add_sequence`)."""
-        if seq_id in self._seqs:
-            raise ValueError(f"seq_id {seq_id!r} is already added; free it before adding it again")
-        if not isinstance(token_ids, list) or not token_ids:
-            raise ValueError(f"token_ids for seq_id {seq_id!r} must be a non-empty list, got {token_ids!r}")
+        token_ids = self._new_tokens(seq_id, token_ids)
         nodes = (self.prefix_cache.lookup(token_ids, (len(token_ids) - 1) // self.block_size)
                  if self._caching and lookup else [])
         hit = len(nodes)
@@ -92,13 +84,8 @@ class HybridBlockManager:
             self.prefix_cache.trie.hold(node)
         self._seqs[seq_id] = _Seq(token_ids, tables, nodes, hit * self.block_size)
         if lookup:
-            stats = self.prefix_cache.stats
-            stats.queried_tokens += len(token_ids)
-            stats.hit_tokens += hit * self.block_size
+            self._count_query(len(token_ids), hit * self.block_size)
         return hit * self.block_size
-
-    def append_tokens(self, seq_id: int, token_ids: Sequence[int]) -> None:
-        self._get(seq_id).tokens.extend(token_ids)
 
     def blocks_to_reserve(self, seq_id: int, num_tokens: int) -> int:
         """Free blocks ``reserve`` would consume, net of what leaving the windows gives back."""
@@ -106,9 +93,6 @@ class HybridBlockManager:
         taken = sum(len(cow) + new for cow, new in self._reservation(seq, num_tokens))
         returned = sum(1 for g, index in self._slid_out(seq) if self._ref[seq.tables[g][index]] == 1)
         return taken - returned
-
-    def can_reserve(self, seq_id: int, num_tokens: int) -> bool:
-        return self.blocks_to_reserve(seq_id, num_tokens) <= self.num_free_blocks
 
     def reserve(self, seq_id: int, num_tokens: int) -> list[tuple[int, int]]:
         """Slots for positions [0, num_tokens) in every group: blocks that left a window are released first,
@@ -139,12 +123,12 @@ class HybridBlockManager:
     def mark_computed(self, seq_id: int, num_tokens: int) -> None:
         """The KV of the first ``num_tokens`` tokens is in every group's blocks; full blocks get registered."""
         seq = self._get(seq_id)
-        _check_count("num_tokens", num_tokens, min(len(seq.tokens), seq.num_reserved))
+        check_count("num_tokens", num_tokens, min(len(seq.tokens), seq.num_reserved))
         if num_tokens <= seq.num_computed:
             return
         size = self.block_size
         for table in seq.tables:
-            for block in table[seq.num_computed // size:-(-num_tokens // size)]:
+            for block in table[seq.num_computed // size:ceil_div(num_tokens, size)]:
                 if block != HOLE and (self._ref[block] > 1 or block in self.prefix_cache):
                     raise ValueError(f"seq_id {seq_id!r}: KV up to position {num_tokens} was written into block "
                                      f"{block}, which is shared or cached; reserve() before writing")
@@ -152,39 +136,30 @@ class HybridBlockManager:
         if self._caching:
             self._register(seq)
 
-    def fork(self, parent_id: int, child_id: int, token_ids: list[int] | None = None) -> None:
+    def fork(self, parent_id: int, child_id: int, token_ids: Sequence[int] | None = None) -> None:
         """The child shares every block of the parent in every group (see `BlockManager.fork`)."""
+        token_ids = self._fork_tokens(parent_id, child_id, token_ids)
         parent = self._get(parent_id)
-        if child_id in self._seqs:
-            raise ValueError(f"child seq_id {child_id!r} is already added; choose an unused id")
-        computed = parent.num_computed
-        token_ids = list(parent.tokens) if token_ids is None else token_ids
-        if not isinstance(token_ids, list) or token_ids[:computed] != parent.tokens[:computed]:
-            raise ValueError(f"child seq_id {child_id!r} must be handed a token list that starts with the "
-                             f"{computed} computed tokens of its parent {parent_id!r}")
         for table in parent.tables:
             for block in table:
                 if block != HOLE:
                     self._pool.acquire(block)
         for node in parent.nodes:
             self.prefix_cache.trie.hold(node)
-        child = _Seq(token_ids, [list(t) for t in parent.tables], list(parent.nodes), computed)
+        child = _Seq(token_ids, [list(t) for t in parent.tables], list(parent.nodes), parent.num_computed)
         child.num_reserved, child.registered = parent.num_reserved, parent.registered
         self._seqs[child_id] = child
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Forget tokens, KV and slots past ``num_tokens`` (blocks left of a window stay let go of)."""
         seq = self._get(seq_id)
-        _check_count("num_tokens", num_tokens, max(len(seq.tokens), seq.num_reserved))
-        del seq.tokens[num_tokens:]
-        seq.num_computed = min(seq.num_computed, num_tokens)
-        seq.num_reserved = min(seq.num_reserved, num_tokens)
+        self._forget_past(seq, num_tokens)
         keep_nodes = seq.num_computed // self.block_size
         for node in seq.nodes[keep_nodes:]:
             self.prefix_cache.trie.drop(node)
         del seq.nodes[keep_nodes:]
         seq.registered = min(seq.registered, keep_nodes)
-        keep = -(-seq.num_reserved // self.block_size)
+        keep = ceil_div(seq.num_reserved, self.block_size)
         for table in seq.tables:
             for block in reversed(table[keep:]):
                 if block != HOLE:
@@ -203,9 +178,6 @@ class HybridBlockManager:
             self.prefix_cache.trie.drop(node)
 
     # ---------------------------------------------------------------------------------------------- queries
-    def __contains__(self, seq_id: object) -> bool:
-        return seq_id in self._seqs
-
     def group_table(self, seq_id: int, group: int) -> list[int]:
         """One group's table as it is, ``HOLE`` (-1) where a window let the block go."""
         return list(self._get(seq_id).tables[group])
@@ -213,15 +185,6 @@ class HybridBlockManager:
     def block_table(self, seq_id: int, group: int = 0) -> list[int]:
         """One group's table for the kernels: holes read as block 0, which a window never lets them read."""
         return [0 if b == HOLE else b for b in self._get(seq_id).tables[group]]
-
-    def num_computed_tokens(self, seq_id: int) -> int:
-        return self._get(seq_id).num_computed
-
-    def num_reserved_tokens(self, seq_id: int) -> int:
-        return self._get(seq_id).num_reserved
-
-    def token_ids(self, seq_id: int) -> list[int]:
-        return list(self._get(seq_id).tokens)
 
     def slot(self, seq_id: int, position: int, group: int = 0) -> int:
         return self.slots(seq_id, position, position + 1, group)[0]
@@ -243,34 +206,12 @@ class HybridBlockManager:
             position += count
         return out
 
-    @property
-    def num_free_blocks(self) -> int:
-        return self._pool.num_free
-
-    @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
-
-    @property
-    def num_cached_blocks(self) -> int:
-        return len(self.prefix_cache)
-
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
-    def ref_count(self, block_id: int) -> int:
-        return self._ref[block_id]
-
-    def evictable_blocks(self) -> list[int]:
-        return self.prefix_cache.evictable_blocks()
-
     def blocks_needed(self, token_ids_or_count: Sequence[int] | int) -> int:
         """Free blocks admitting a sequence this long may take at most, all groups together (cache hits on blocks
         in use cost nothing): the scheduler's admission test, with each group's real demand."""
         tokens = token_ids_or_count if hasattr(token_ids_or_count, "__len__") else None
         count = len(tokens) if tokens is not None else token_ids_or_count
-        _check_count("token count", count)
+        check_count("token count", count)
         needed = self.layout.blocks_needed(count, self.block_size, self.max_chunk)
         if tokens is not None and self._caching and count > 1:
             nodes = self.prefix_cache.lookup(tokens, (count - 1) // self.block_size)
@@ -284,23 +225,7 @@ class HybridBlockManager:
         return [group_blocks_needed(g.window, num_tokens, self.block_size, self.max_chunk)
                 for g in self.layout.groups]
 
-    @property
-    def stats(self) -> PrefixCacheStats:
-        return replace(self.prefix_cache.stats)
-
-    def reset_stats(self) -> None:
-        self.prefix_cache.stats = PrefixCacheStats()
-
-    def clear_prefix_cache(self) -> None:
-        self._pool.clear_cache()
-
     # ------------------------------------------------------------------------------------------- internals
-    def _get(self, seq_id: int) -> _Seq:
-        seq = self._seqs.get(seq_id)
-        if seq is None:
-            raise ValueError(f"unknown seq_id {seq_id!r} (never added, or already freed)")
-        return seq
-
     def _slid_out(self, seq: _Seq) -> list[tuple[int, int]]:
         """(group, index) of the blocks no query of this sequence can see any more: wholly before the window of
         its next computed position."""
@@ -312,10 +237,10 @@ class HybridBlockManager:
 
     def _reservation(self, seq: _Seq, num_tokens: int) -> list[tuple[list[int], int]]:
         """Per group: table indices to copy-on-write and the number of new blocks (see `BlockManager`)."""
-        _check_count("num_tokens", num_tokens)
+        check_count("num_tokens", num_tokens)
         out = []
         for table in seq.tables:
-            new = max(0, -(-num_tokens // self.block_size) - len(table))
+            new = max(0, ceil_div(num_tokens, self.block_size) - len(table))
             cow = [] if num_tokens <= seq.num_computed else [
                 i for i in range(seq.num_computed // self.block_size, len(table))
                 if table[i] != HOLE and (self._ref[table[i]] > 1 or table[i] in self.prefix_cache)]

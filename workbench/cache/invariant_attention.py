@@ -19,6 +19,7 @@ import torch
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import PagedBatchMetadata
+from workbench.intmath import ceil_div
 from workbench.models.row_invariant import ROW_TILE
 from workbench_kernels._paged_gather import sequence_values
 
@@ -70,7 +71,7 @@ def _padded_keys(keys: torch.Tensor, length: int) -> torch.Tensor:
 def _tiles(query: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, H, D] rows and their positions -> [ceil(n / T), T, H, D] tiles and [.., T] positions (-1: padding)."""
     n = query.shape[0]
-    count = -(-n // ROW_TILE)
+    count = ceil_div(n, ROW_TILE)
     q = query.new_zeros(count * ROW_TILE, *query.shape[1:])
     q[:n] = query
     pos = torch.full((count * ROW_TILE,), -1, dtype=torch.long, device=query.device)
@@ -85,7 +86,7 @@ def invariant_attention(query: torch.Tensor, positions: torch.Tensor, keys: torc
     query: [n, H, D] at absolute ``positions`` [n] of the sequence; keys, values: [Hkv, m, D] with m > max
     position. Query at position p attends to keys 0..p. Returns [n, H, D]."""
     q, pos = _tiles(query, positions)
-    length = -(-keys.shape[1] // KEY_BLOCK) * KEY_BLOCK
+    length = ceil_div(keys.shape[1], KEY_BLOCK) * KEY_BLOCK
     keys, values = _padded_keys(keys, length), _padded_keys(values, length)
     count = q.shape[0]
     out = tile_attention(q, pos, keys[None].expand(count, -1, -1, -1), values[None].expand(count, -1, -1, -1), scale)
@@ -103,13 +104,13 @@ class BatchInvariantAttention(PagedAttention):
         contexts = meta.context_lens.tolist()
         self._rows = [(b, start, end, ctx) for b, (start, end, ctx) in
                       enumerate(zip(starts, starts[1:], contexts, strict=False)) if end > start]
-        length = -(-max((ctx for *_, ctx in self._rows), default=1) // KEY_BLOCK) * KEY_BLOCK
+        length = ceil_div(max((ctx for *_, ctx in self._rows), default=1), KEY_BLOCK) * KEY_BLOCK
         self._length = length
         self._tile_seq = []  # which sequence (index into self._rows) each tile belongs to
         positions = []
         device = meta.context_lens.device
         for i, (_, start, end, ctx) in enumerate(self._rows):
-            count = -(-(end - start) // ROW_TILE)
+            count = ceil_div(end - start, ROW_TILE)
             self._tile_seq += [i] * count
             pos = torch.full((count * ROW_TILE,), -1, dtype=torch.long, device=device)
             pos[:end - start] = torch.arange(ctx - (end - start), ctx, device=device)
@@ -137,7 +138,7 @@ class BatchInvariantAttention(PagedAttention):
         done = tile_attention(tiles, self._positions, keys[self._tile_index], values[self._tile_index], self.scale)
         first = 0
         for _, start, end, _ in self._rows:
-            count = -(-(end - start) // ROW_TILE)
+            count = ceil_div(end - start, ROW_TILE)
             out[start:end] = done[first:first + count].reshape(-1, *q.shape[1:])[: end - start]
             first += count
         return out

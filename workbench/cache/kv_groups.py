@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.config import ModelSpec
+from workbench.intmath import ceil_div
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,11 +43,11 @@ def group_blocks_needed(window: int | None, num_tokens: int, block_size: int, ch
     """Blocks one group holds at most while a sequence of ``num_tokens`` tokens is computed ``chunk`` tokens at a
     time: all of them for full attention; for a window, the blocks spanning the window behind a chunk plus the
     chunk (one more where they straddle a block boundary), never more than the sequence's."""
-    whole = -(-num_tokens // block_size)
+    whole = ceil_div(num_tokens, block_size)
     if window is None:
         return whole
     span = window - 1 + min(chunk, num_tokens)
-    return min(whole, -(-span // block_size) + 1)
+    return min(whole, ceil_div(span, block_size) + 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +102,7 @@ class KVGroupLayout:
     def saving(self, num_tokens: int, block_size: int) -> float:
         """Blocks a sequence of ``num_tokens`` holds at its end over what full attention in every layer would
         hold (1.0: nothing saved)."""
-        full = len(self.groups) * -(-num_tokens // block_size)
+        full = len(self.groups) * ceil_div(num_tokens, block_size)
         return self.blocks_needed(num_tokens, block_size, 1) / full if full else 1.0
 
 

@@ -59,19 +59,68 @@ class CachedBlock:
     token_ids: tuple[int, ...]
 
 
-class PrefixCache:
-    """Registered blocks by hash and by id, plus the LRU pool of the unreferenced ones."""
+class EvictablePool:
+    """The LRU pool of unreferenced registered blocks and the cache's counters, the part both prefix caches share
+    (this one and `workbench.cache.grouped_prefix_cache`); a subclass says how a block is unregistered."""
 
-    __slots__ = ("block_size", "hash_fn", "stats", "_by_hash", "_entries", "_evictable")
+    __slots__ = ("block_size", "stats", "_evictable")
 
-    def __init__(self, block_size: int, hash_fn: HashFn | None = None):
+    def __init__(self, block_size: int):
         self.block_size = block_size
-        self.hash_fn: HashFn = hash_fn or default_block_hash
         self.stats = PrefixCacheStats()
-        self._by_hash: dict[int, int] = {}
-        self._entries: dict[int, CachedBlock] = {}
         # Insertion order is eviction order: the first key is the least recently released block.
         self._evictable: OrderedDict[int, None] = OrderedDict()
+
+    # ------------------------------------------------------------------------------------ evictable pool
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def evictable_blocks(self) -> list[int]:
+        """Unreferenced cached blocks, next to be evicted first."""
+        return list(self._evictable)
+
+    def release(self, block: int) -> None:
+        """A registered block lost its last user: it becomes the most recently used evictable block."""
+        self._evictable[block] = None
+
+    def reuse(self, block: int) -> None:
+        """A hit on an evictable block takes it out of the pool (no-op for a block in use)."""
+        self._evictable.pop(block, None)
+
+    def evict(self) -> int:
+        """Un-register the least recently released block and return its id for reuse."""
+        block, _ = self._evictable.popitem(last=False)
+        self._unregister(block)
+        self.stats.evicted_blocks += 1
+        self.stats.evicted_tokens += self.block_size
+        return block
+
+    def clear(self) -> list[int]:
+        """Un-register every evictable block (blocks in use stay cached) and return their ids."""
+        blocks = list(self._evictable)
+        self._evictable.clear()
+        for block in blocks:
+            self._unregister(block)
+        return blocks
+
+    def __contains__(self, block: int) -> bool:
+        raise NotImplementedError  # registered, in use or evictable
+
+    def _unregister(self, block: int) -> None:
+        raise NotImplementedError
+
+
+class PrefixCache(EvictablePool):
+    """Registered blocks by hash and by id, plus the LRU pool of the unreferenced ones."""
+
+    __slots__ = ("hash_fn", "_by_hash", "_entries")
+
+    def __init__(self, block_size: int, hash_fn: HashFn | None = None):
+        super().__init__(block_size)
+        self.hash_fn: HashFn = hash_fn or default_block_hash
+        self._by_hash: dict[int, int] = {}
+        self._entries: dict[int, CachedBlock] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -122,39 +171,6 @@ class PrefixCache:
         self._by_hash[block_hash] = block
         self._entries[block] = CachedBlock(block_hash, parent, token_ids)
         return True
-
-    # ------------------------------------------------------------------------------------ evictable pool
-    @property
-    def num_evictable(self) -> int:
-        return len(self._evictable)
-
-    def evictable_blocks(self) -> list[int]:
-        """Unreferenced cached blocks, next to be evicted first."""
-        return list(self._evictable)
-
-    def release(self, block: int) -> None:
-        """A registered block lost its last user: it becomes the most recently used evictable block."""
-        self._evictable[block] = None
-
-    def reuse(self, block: int) -> None:
-        """A hit on an evictable block takes it out of the pool (no-op for a block in use)."""
-        self._evictable.pop(block, None)
-
-    def evict(self) -> int:
-        """Un-register the least recently released block and return its id for reuse."""
-        block, _ = self._evictable.popitem(last=False)
-        self._unregister(block)
-        self.stats.evicted_blocks += 1
-        self.stats.evicted_tokens += self.block_size
-        return block
-
-    def clear(self) -> list[int]:
-        """Un-register every evictable block (blocks in use stay cached) and return their ids."""
-        blocks = list(self._evictable)
-        self._evictable.clear()
-        for block in blocks:
-            self._unregister(block)
-        return blocks
 
     def _unregister(self, block: int) -> None:
         del self._by_hash[self._entries.pop(block).block_hash]

@@ -34,14 +34,10 @@ import torch
 
 from workbench.cache.kv_groups import KVGroupLayout
 from workbench.config import DEFAULT_CPU_KV_BUDGET_BYTES, FLOAT_KV_DTYPES, KV_CACHE_DTYPES, CacheConfig, ModelSpec
+from workbench.intmath import ceil_div
 from workbench.models.attention import NoCacheAttention
 from workbench.models.llama import LlamaModel
 from workbench_kernels.kv_quant import KV_FORMATS, slot_bytes
-
-
-def ceil_div(num: int, den: int) -> int:
-    """The one rounding-up division of this module: whole blocks for tokens, groups for values."""
-    return -(-num // den)
 
 
 def dtype_bytes(dtype: torch.dtype | str) -> int:

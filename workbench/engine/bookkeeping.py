@@ -1,8 +1,9 @@
 """After each forward, everything its results change in the engine's state, in one place.
 
 A step is: schedule, draft, forward, then ``Bookkeeper.commit``. Commit is the only code that advances a
-sequence's computed KV (``_mark_computed``: the block manager owns that count), appends generated tokens
-(``Sequence.append_token``), and lets sequences go (``finish``: the scheduler frees the blocks, the metrics
+sequence's computed KV (``_mark_computed``), appends generated tokens and gives back unused lookahead slots,
+each through the scheduler, which keeps the sequence and the block manager in step (`Scheduler.mark_computed`,
+``append_token``, ``release_lookahead``), and lets sequences go (``finish``: the scheduler frees the blocks, the metrics
 recorder keeps the timeline, the proposer forgets the sequence; aborts come through here too). For one forward:
 
 1. the KV of every fed token is now in the cache, except drafts, which wait for their verdict;
@@ -73,7 +74,7 @@ class Bookkeeper:
         verifying: list[ItemRows] = []
         for rows in result.items:
             seq = rows.item.seq
-            if rows.item.drafts:
+            if rows.item.drafts is not None:
                 verifying.append(rows)
                 continue
             if seq.seq_id in result.prompt_logits:
@@ -126,7 +127,7 @@ class Bookkeeper:
     # ----------------------------------------------------------------------------------------------------
     def _mark_computed(self, seq: Sequence, num_tokens: int) -> None:
         """The only place a sequence's computed KV advances."""
-        self.blocks.mark_computed(seq.seq_id, num_tokens)
+        self.scheduler.mark_computed(seq, num_tokens)
 
     @staticmethod
     def _record_prompt_logprobs(seq: Sequence, first: int, logits: torch.Tensor) -> None:
@@ -162,14 +163,14 @@ class Bookkeeper:
 
     def _verify_drafts(self, rows: ItemRows, logits: torch.Tensor, now: float) -> list[int]:
         """Accept a prefix of the drafts, append it and the target's own next token; returns the rows kept."""
-        item, seq = rows.item, rows.item.seq
+        drafts, seq = rows.item.drafts, rows.item.seq
         logits = logits[rows.first_logit_row: rows.first_logit_row + rows.num_logit_rows]
         if seq.params.greedy:
-            accepted, emitted = verify_greedy(item.drafts, _usable(logits))
+            accepted, emitted = verify_greedy(drafts.tokens, _usable(logits))
         else:
-            accepted, emitted = verify_sampled(item.drafts, item.draft_probs, _distributions(logits, seq.params),
+            accepted, emitted = verify_sampled(drafts.tokens, drafts.probs, _distributions(logits, seq.params),
                                                seq.generator)
-        seq.spec.record(len(item.drafts), accepted, len(emitted))
+        seq.spec.record(len(drafts.tokens), accepted, len(emitted))
         computed = seq.num_computed_tokens + 1 + accepted  # the newest token and the accepted drafts have KV
         self._append_verified(seq, emitted, computed, now)
         return list(range(1 + accepted))
@@ -203,7 +204,7 @@ class Bookkeeper:
 
     def _append(self, seq: Sequence, token: int, now: float) -> bool:
         """Append one generated token; finish the sequence if it hit a stop condition (returns True then)."""
-        seq.append_token(token, now)
+        self.scheduler.append_token(seq, token, now)
         stop_ids = seq.params.stop_ids(self.eos_ids)
         stopped_on_text = seq.detokenizer is not None and seq.detokenizer.stopped_on is not None
         if token in stop_ids or stopped_on_text:
@@ -218,7 +219,7 @@ class Bookkeeper:
     def _release_unused_lookahead(self, seq: Sequence, lookahead: int) -> None:
         """Slots reserved beyond the known tokens for drafts that were rejected or never proposed."""
         if lookahead and not seq.is_finished:
-            self.blocks.truncate(seq.seq_id, seq.num_tokens)
+            self.scheduler.release_lookahead(seq)
 
     def _tell_proposer(self, result: ForwardResult, kept: dict[int, list[int]]) -> None:
         """Which positions are real now (and, if the proposer reads them, their target features)."""
@@ -228,7 +229,7 @@ class Bookkeeper:
             seq = rows.item.seq
             if seq.is_finished:
                 continue
-            valid = len(kept[seq.seq_id]) if rows.item.drafts else rows.num_fed
+            valid = len(kept[seq.seq_id]) if rows.item.drafts is not None else rows.num_fed
             computed = seq.num_computed_tokens
             if self.proposer.needs_target_features:
                 if rows.item.tree is None:

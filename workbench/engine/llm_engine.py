@@ -29,22 +29,24 @@ from workbench.cache.calibration import calibration_ids, fp8_scales
 from workbench.cache.hybrid_block_manager import HybridBlockManager
 from workbench.cache.kv_groups import KVGroupLayout, grouped
 from workbench.cache.paged import PagedKVCache
-from workbench.cache.sizing import ceil_div, kv_format_for, num_blocks_for
+from workbench.cache.sizing import kv_format_for, num_blocks_for
 from workbench.cache.tier.config import KVOffloadConfig
 from workbench.cache.tier.manager import TieredBlockManager
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecConfig
 from workbench.engine.bookkeeping import Bookkeeper
 from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.kv_offload import build_tier, calibrate
-from workbench.engine.model_runner import ModelRunner
+from workbench.engine.model_runner import ForwardItem, ModelRunner
 from workbench.engine.outputs import RequestOutput
 from workbench.engine.requests import Request, RequestLimits, build_output, new_request
 from workbench.engine.scheduler import Scheduler, SchedulerOutput
 from workbench.engine.sequence import FinishReason
+from workbench.intmath import ceil_div
 from workbench.metrics.recorder import MetricsRecorder, StepRecord
 from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
 from workbench.prompts import eos_token_ids
+from workbench.spec.drafts import Drafts
 from workbench.spec.proposer import Proposer, build_proposer
 from workbench.spec.tree_draft import TreeShape
 
@@ -106,7 +108,8 @@ class LLMEngine:
         self.eos_ids = eos_token_ids(tokenizer) if tokenizer is not None else set()
         self.bookkeeper = Bookkeeper(self.scheduler, self.blocks, self.metrics, self.eos_ids, self.proposer,
                                      move_kv=self.runner.move_slots)
-        self.limits = RequestLimits.of(model.spec, self.cache_config, self.scheduler_config, num_blocks)
+        self.limits = RequestLimits.of(model.spec, self.cache_config, self.scheduler_config, num_blocks,
+                                       spec_depth=spec_config.depth if spec_config else 0)
         if layout is not None:  # windows are masked here: the whole position range, each group's real demand
             chunk, size = self.scheduler_config.chunk_limit, self.cache_config.block_size
             self.limits = replace(self.limits, max_context=model.spec.max_position_embeddings,
@@ -142,31 +145,15 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._request_ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        params = SamplingParams() if params is None else params
-        spec_k = self._spec_k(num_speculative_tokens)
-        # Penalties, min_tokens or logprobs (see SamplingParams); new_request refuses params of another type.
-        if isinstance(params, SamplingParams) and params.one_token_per_step:
-            spec_k = 0
         now = self.clock()
-        if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > 2**31:
-            raise ValueError(f"priority must be an integer in [-2**31, 2**31] (lower runs first), got {priority!r}")
         request = new_request(
-            request_id, prompt, params, tokenizer=self.tokenizer, limits=self.limits,
-            blocks=self.blocks, seq_ids=self._seq_ids, chat=chat, spec_k=spec_k, priority=priority,
-            arrival_time=now if arrival_time is None else arrival_time, queued_time=now, device=self.model.device,
-            spec_slots=self._tree_slots() if spec_k else 0)
+            request_id, prompt, SamplingParams() if params is None else params, tokenizer=self.tokenizer,
+            limits=self.limits, seq_ids=self._seq_ids, chat=chat, num_speculative_tokens=num_speculative_tokens,
+            priority=priority, arrival_time=now if arrival_time is None else arrival_time, queued_time=now,
+            device=self.model.device, tree_slots=self._tree_slots())
         self.scheduler.add(request.seqs[0], siblings=request.seqs[1:])
         self.requests[request_id] = request
         return request_id
-
-    def _spec_k(self, requested: int | None) -> int:
-        if requested is None:
-            return self.spec_config.depth if self.spec_config else 0
-        if not isinstance(requested, int) or not 0 <= requested <= 16:
-            raise ValueError(f"num_speculative_tokens must be an integer in [0, 16], got {requested!r}")
-        if requested and self.proposer is None:
-            raise ValueError("speculative decoding is off in this engine: create it with a spec_config")
-        return requested
 
     def _tree_slots(self) -> int:
         """Slots a tree pass takes beyond the newest token: its nodes (and the draft's scratch), 0 for chains."""
@@ -209,37 +196,42 @@ class LLMEngine:
         if out.is_empty:
             return []
         with step_range("draft"):
-            self._draft(out)
-        result = self.runner.execute(out.scheduled, out.block_copies)  # the "prepare" and "forward" ranges
+            drafts = self._draft(out)
+        items = [ForwardItem(s, drafts.get(s.seq.seq_id)) for s in out.scheduled]
+        result = self.runner.execute(items, out.block_copies)  # the "prepare" and "forward" ranges
         with step_range("postprocess"):  # the "sample" and "verify" ranges nest inside
             committed = self.bookkeeper.commit(result, self.clock())
             if self.kv_offload is not None:  # write-through: the blocks this forward completed
                 self.kv_offload.move(self.blocks)
             steps = 1 if result.step_tokens is None else result.step_tokens.shape[0]
-            self._record_step(out, start, committed.num_accepted, steps)
+            self._record_step(out, start, sum(len(i.draft_tokens) for i in items), committed.num_accepted, steps)
             outputs = [build_output(self.requests[rid]) for rid in committed.touched if rid in self.requests]
             for output in outputs:
                 if output.finished:
                     del self.requests[output.request_id]
         return outputs
 
-    def _draft(self, out: SchedulerOutput) -> None:
-        """Let the proposer draft for every decode that reserved lookahead slots."""
+    def _draft(self, out: SchedulerOutput) -> dict[int, Drafts]:
+        """Let the proposer draft for every decode that reserved lookahead slots: seq_id -> its drafts."""
         if self.proposer is None:
-            return
+            return {}
         self.proposer.copy_blocks(out.block_copies)
         items = [d for d in out.decodes if d.lookahead > 0 and not d.multi_step]
-        if items and self.tree_shape is not None:
+        if not items:
+            return {}
+        if self.tree_shape is not None:
             trees = self.proposer.propose_tree([(d.seq, d.lookahead, d.seq.draft_depth) for d in items],
                                                self.tree_shape)
-            for item, tree in zip(items, trees, strict=True):
-                item.set_tree(tree)
-        elif items:
+            drafts = [Drafts.of_tree(tree, d.seq.token_ids[-1], d.lookahead) for d, tree in zip(items, trees,
+                                                                                                strict=True)]
+        else:
             proposals = self.proposer.propose([(d.seq, d.lookahead) for d in items])
-            for item, (drafts, probs) in zip(items, proposals, strict=True):
-                item.set_drafts(drafts, probs)
+            drafts = [Drafts.chain(tokens, probs, d.lookahead) for d, (tokens, probs) in zip(items, proposals,
+                                                                                            strict=True)]
+        return {d.seq.seq_id: x for d, x in zip(items, drafts, strict=True) if x is not None}
 
-    def _record_step(self, out: SchedulerOutput, start: float, num_accepted: int, steps: int = 1) -> None:
+    def _record_step(self, out: SchedulerOutput, start: float, num_drafted: int, num_accepted: int,
+                     steps: int = 1) -> None:
         """One record per engine step; a multi-step decode's ``steps`` forwards count their tokens together."""
         self.metrics.record_step(StepRecord(
             step=self._steps, start_time=start, duration_s=self.clock() - start,
@@ -249,7 +241,7 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting), kv_blocks_used=self.blocks.num_used_blocks,
             kv_blocks_free=self.blocks.num_free_blocks,
             prefix_hit_tokens=sum(s.num_cached_prompt_tokens for s in out.admitted),
-            preemptions=len(out.preempted), num_drafted_tokens=sum(len(d.drafts) for d in out.decodes),
+            preemptions=len(out.preempted), num_drafted_tokens=num_drafted,
             num_accepted_tokens=num_accepted))
         self._steps += 1
 

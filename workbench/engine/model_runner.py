@@ -24,9 +24,12 @@ from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, PagedBatch, build_paged_batch, tree_entry
 from workbench.engine.cuda_graphs import DecodeGraphs
 from workbench.engine.scheduler import ScheduledSeq
+from workbench.engine.sequence import Sequence
 from workbench.metrics.step_ranges import step_range
 from workbench.models.llama import LlamaModel
 from workbench.models.row_invariant import row_invariant_products
+from workbench.spec.drafts import Drafts
+from workbench.spec.tree import DraftTree
 
 
 def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -39,11 +42,44 @@ def take_rows(t: torch.Tensor, rows: list[int]) -> torch.Tensor:
     return t[rows]
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardItem:
+    """One sequence's part of a forward: the scheduler's decision and, for a decode that drafted, its drafts."""
+
+    scheduled: ScheduledSeq
+    drafts: Drafts | None = None
+
+    @property
+    def seq(self) -> Sequence:
+        return self.scheduled.seq
+
+    @property
+    def lookahead(self) -> int:
+        return self.scheduled.lookahead
+
+    @property
+    def multi_step(self) -> bool:
+        return self.scheduled.multi_step
+
+    @property
+    def draft_tokens(self) -> list[int]:
+        return self.drafts.tokens if self.drafts is not None else []
+
+    @property
+    def tree(self) -> DraftTree | None:
+        return self.drafts.tree if self.drafts is not None else None
+
+    @property
+    def num_fed(self) -> int:
+        """Tokens fed: the scheduler's count, or the newest token and its drafts."""
+        return self.scheduled.num_new_tokens if self.drafts is None else self.drafts.num_fed
+
+
 @dataclass(slots=True)
 class ItemRows:
     """Where one scheduled sequence sits in a forward's outputs."""
 
-    item: ScheduledSeq
+    item: ForwardItem
     first_row: int  # its first row in ``hidden`` / ``features``
     num_fed: int  # rows it fed: a prompt chunk, the newest token, or the newest token and its drafts
     first_logit_row: int  # its first row in ``logits`` (meaningless when num_logit_rows is 0)
@@ -89,14 +125,15 @@ class ModelRunner:
         self.cache.copy_slots(src, dst)
 
     @torch.inference_mode()
-    def execute(self, scheduled: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> ForwardResult:
+    def execute(self, scheduled: list[ForwardItem], block_copies: list[tuple[int, int]] = ()) -> ForwardResult:
         """One forward over the whole mixed batch (the batch builder puts single-token rows first)."""
         with step_range("prepare"):
             self.cache.copy_blocks(list(block_copies))
             entries = []
             for item in scheduled:
                 seq, start = item.seq, item.seq.num_computed_tokens
-                tokens = seq.token_ids[start: start + item.num_new_tokens - len(item.drafts)] + item.drafts
+                drafts = item.draft_tokens
+                tokens = seq.token_ids[start: start + item.num_fed - len(drafts)] + drafts
                 if item.tree is None:
                     entries.append(BatchEntry(seq.seq_id, start, tokens))
                 else:  # one node per slot from ``start`` on, at positions start + depth
@@ -112,7 +149,7 @@ class ModelRunner:
             items = []
             for item, entry, row in zip(scheduled, entries, batch.first_rows, strict=True):
                 count = len(entry.tokens)
-                if item.drafts:  # verification: the distribution after the newest token and after every draft
+                if item.drafts is not None:  # verifying: the distribution after the newest token and after each draft
                     wanted = range(row, row + count)
                 elif entry.start + count == item.seq.num_tokens:  # every known token computed: the next is due
                     wanted = range(row + count - 1, row + count)
@@ -126,7 +163,7 @@ class ModelRunner:
             result.prompt_logits = self._prompt_logits(scheduled, entries, batch.first_rows, hidden)
         return self._observed(result)
 
-    def _prompt_logits(self, scheduled: list[ScheduledSeq], entries: list[BatchEntry], first_rows: list[int],
+    def _prompt_logits(self, scheduled: list[ForwardItem], entries: list[BatchEntry], first_rows: list[int],
                        hidden: torch.Tensor) -> dict[int, tuple[int, torch.Tensor]]:
         """For each sequence that asked for prompt log-probabilities, the logits of its fed rows that predict a
         prompt token not reported yet (the row at position p predicts token p + 1), and the first such token's
@@ -134,7 +171,7 @@ class ModelRunner:
         out = {}
         for item, entry, row in zip(scheduled, entries, first_rows, strict=True):
             seq = item.seq
-            if item.drafts or not seq.needs_prompt_logits:
+            if item.drafts is not None or not seq.needs_prompt_logits:
                 continue
             first = max(entry.start, len(seq.prompt_logprobs))
             end = min(entry.start + len(entry.tokens), seq.num_prompt_tokens - 1)
@@ -172,7 +209,7 @@ class ModelRunner:
                       else hidden.new_empty(0, 0))
         return hidden, tapped, logits
 
-    def _execute_steps(self, scheduled: list[ScheduledSeq], entries: list[BatchEntry], steps: int) -> ForwardResult:
+    def _execute_steps(self, scheduled: list[ForwardItem], entries: list[BatchEntry], steps: int) -> ForwardResult:
         """``steps`` greedy decode steps back to back: step i feeds the tokens step i - 1 chose, without their
         values ever reaching the host; the caller reads all of them at once (``ForwardResult.step_tokens``).
         Every slot was reserved by the scheduler (``ScheduledSeq.lookahead``)."""
@@ -191,9 +228,9 @@ class ModelRunner:
         return self._observed(ForwardResult(hidden, hidden if tapped is None else tapped, logits, items, tokens))
 
 
-def _decode_steps(scheduled: list[ScheduledSeq]) -> int:
+def _decode_steps(scheduled: list[ForwardItem]) -> int:
     """Steps to decode back to back: 1 unless every scheduled sequence is a multi-step decode (then as many as the
     one with the fewest reserved slots allows)."""
-    if not scheduled or not all(item.multi_step and item.num_new_tokens == 1 for item in scheduled):
+    if not scheduled or not all(item.multi_step and item.num_fed == 1 for item in scheduled):
         return 1
     return 1 + min(item.lookahead for item in scheduled)

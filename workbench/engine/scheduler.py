@@ -19,8 +19,11 @@ A request for ``n`` completions enters as one sequence whose ``n - 1`` siblings 
 the cache, then ``fork`` lets them share its blocks. Admission counts the siblings against ``max_num_seqs``.
 
 The scheduler owns where each sequence is (waiting, running, waiting to be forked, finished), the admission
-stamps and the preemption count; it only moves sequences and asks the block manager for slots, never touching
-a tensor.
+stamps, the preemption count and ``Sequence.num_computed_tokens``, and it is the only code that tells the block
+manager about a sequence: admission, forks, slots, frees, and what each forward changed (``mark_computed``,
+``append_token``, ``release_lookahead``, which the engine's bookkeeper calls). It moves sequences and integers,
+never a tensor: what a step feeds beyond its decision (speculative drafts) is the engine's
+(`workbench.spec.drafts`).
 """
 
 from __future__ import annotations
@@ -28,41 +31,21 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from workbench.cache.block_manager import BlockManager
 from workbench.config import SchedulerConfig
 from workbench.engine.admission_policy import AdmissionPolicy
 from workbench.engine.sequence import FinishReason, Sequence, SequenceStatus
-from workbench.spec.tree import DraftTree
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ScheduledSeq:
+    """One sequence's part of the step, as decided; drafts, if any, are fed after its newest token on top."""
+
     seq: Sequence
-    num_new_tokens: int  # tokens fed this step, from seq.num_computed_tokens on (drafts included)
-    lookahead: int = 0  # slots reserved for speculative drafts beyond the newest token
-    drafts: list[int] = field(default_factory=list)  # filled by the engine's proposer before the forward
-    draft_probs: torch.Tensor | None = None  # [len(drafts), vocab] distributions the drafts came from, or None
-    tree: DraftTree | None = None  # when the drafts are a token tree's nodes (breadth first, after its root)
+    num_new_tokens: int  # known tokens fed this step, from seq.num_computed_tokens on (a chunk, or the newest one)
+    lookahead: int = 0  # slots reserved beyond them: for speculative drafts, or the steps of a multi-step decode
     # Decode 1 + lookahead steps back to back on the device (SchedulerConfig.num_scheduler_steps), not drafts
     multi_step: bool = False
-
-    def set_drafts(self, drafts: list[int], probs: torch.Tensor | None) -> None:
-        self.drafts = drafts[: self.lookahead]
-        self.draft_probs = probs[: len(self.drafts)] if probs is not None else None
-        self.num_new_tokens = 1 + len(self.drafts)
-
-    def set_tree(self, tree: DraftTree | None) -> None:
-        """Verify a token tree rooted at the newest token (None or a bare root: a plain decode)."""
-        if tree is None or not tree.num_drafted:
-            return
-        if tree.num_drafted > self.lookahead or tree.tokens[0] != self.seq.token_ids[-1]:
-            raise RuntimeError(f"seq {self.seq.seq_id}: a tree of {tree.num_drafted} drafted nodes rooted at token "
-                               f"{tree.tokens[0]} does not fit {self.lookahead} slots after token "
-                               f"{self.seq.token_ids[-1]}")
-        self.tree, self.drafts, self.draft_probs = tree, tree.draft_tokens, None
-        self.num_new_tokens = tree.num_nodes
 
 
 @dataclass(slots=True)
@@ -111,6 +94,7 @@ class Scheduler:
         children = self._forks.pop(parent.seq_id, [])
         for child in children:
             self.blocks.fork(parent.seq_id, child.seq_id, child.token_ids)
+            self._sync_computed(child)
             child.num_cached_prompt_tokens = parent.num_cached_prompt_tokens
             child.first_scheduled_time = parent.first_scheduled_time
             child.status = SequenceStatus.RUNNING
@@ -122,10 +106,31 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             self.blocks.free(seq.seq_id)
+            seq.num_computed_tokens = 0
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self._forks.pop(seq.seq_id, None)
         seq.finish(reason, now)
+
+    # ------------------------------------------------------------------------- what a forward changed
+    def mark_computed(self, seq: Sequence, num_tokens: int) -> None:
+        """The KV of ``seq``'s first ``num_tokens`` tokens is in the cache now."""
+        self.blocks.mark_computed(seq.seq_id, num_tokens)
+        self._sync_computed(seq)
+
+    def append_token(self, seq: Sequence, token: int, now: float) -> None:
+        """A token ``seq`` generated: the sequence and the block manager's copy of its tokens both get it."""
+        seq.append_token(token, now)
+        self.blocks.append_tokens(seq.seq_id, (token,))
+
+    def release_lookahead(self, seq: Sequence) -> None:
+        """Slots reserved beyond ``seq``'s known tokens (drafts rejected or never proposed) go back."""
+        self.blocks.truncate(seq.seq_id, seq.num_tokens)
+        self._sync_computed(seq)
+
+    def _sync_computed(self, seq: Sequence) -> None:
+        """The sequence's count of computed tokens, from the block manager that knows it (ValueError if not)."""
+        seq.num_computed_tokens = self.blocks.num_computed_tokens(seq.seq_id)
 
     # ----------------------------------------------------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
@@ -178,6 +183,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.seq_id)
+        seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.waiting.appendleft(seq)
@@ -222,6 +228,7 @@ class Scheduler:
             if not chunked and seq.num_tokens > budget:
                 break
             seq.num_cached_prompt_tokens = self.blocks.add_sequence(seq.seq_id, seq.token_ids, lookup=lookup)
+            self._sync_computed(seq)
             n = min(seq.num_uncomputed_tokens, budget, self.config.chunk_limit if chunked else budget)
             out.block_copies += self.blocks.reserve(seq.seq_id, seq.num_computed_tokens + n)
             self.waiting.popleft()

@@ -3,11 +3,13 @@
 A request asks for ``n`` completions of one prompt; each completion is a ``Sequence``. Every fact about it has
 one owner, the only code that writes it:
 
-- ``token_ids`` (the prompt, then each generated token) and ``token_times``: ``append_token``, called by the
-  engine's post-forward bookkeeping (`workbench.engine.bookkeeping`);
-- how many tokens have their KV in the cache (``num_computed_tokens``): the block manager. It is handed
-  ``token_ids`` itself at admission and reads the tokens it hashes from that list, so nothing is mirrored;
-- ``status``, the admission stamps and ``num_preemptions``: the scheduler, which also calls ``finish``;
+- ``token_ids`` (the prompt, then each generated token) and ``token_times``: ``append_token``, called through
+  the scheduler (`Scheduler.append_token`, which also tells the block manager: it keeps its own copy of the
+  tokens and never edits this list) by the engine's post-forward bookkeeping (`workbench.engine.bookkeeping`);
+- ``status``, the admission stamps, ``num_preemptions`` and ``num_computed_tokens``: the scheduler, which also
+  calls ``finish``. It sets ``num_computed_tokens`` from the block manager after every change it asks of it
+  (admission, fork, a forward's new KV, preemption and finishing reset it to 0), so the count is a plain number
+  on the sequence and a block manager that does not know a running sequence raises instead of answering 0;
 - ``spec``: the verification bookkeeping; ``num_returned_tokens`` / ``returned_text_len``: output building.
 
 ``num_computed_tokens`` is the pivot of the whole engine: the tokens before it have their KV in the cache,
@@ -19,14 +21,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from workbench.cache.block_manager import BlockManager
 from workbench.config import SamplingParams
 from workbench.engine.detokenizer import IncrementalDetokenizer
 from workbench.sampling import TokenLogprob
 from workbench.spec.stats import SpecCounters
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SequenceStatus(enum.Enum):
@@ -50,7 +53,6 @@ class Sequence:
     params: SamplingParams
     max_total_tokens: int  # prompt + the most tokens it may generate (max_tokens, capped by the context)
     arrival_time: float  # when the request arrived (at the HTTP server, when it came through one): TTFT counts from it
-    blocks: BlockManager | None = field(default=None, repr=False)  # owns num_computed_tokens (None: no engine)
     generator: torch.Generator | None = None
     detokenizer: IncrementalDetokenizer | None = None
     spec_k: int = 0  # most tokens to draft per step (0: no speculation for this sequence); a tree's depth
@@ -58,6 +60,8 @@ class Sequence:
     priority: int = 0  # lower runs first under the priority scheduling policy (as in vLLM)
     num_prompt_tokens: int = field(init=False)
     status: SequenceStatus = SequenceStatus.WAITING
+    # Tokens whose KV is in the cache (0 while waiting, after a preemption, and once finished): the scheduler's
+    num_computed_tokens: int = 0
     num_cached_prompt_tokens: int = 0  # served from the prefix cache at the last admission
     num_preemptions: int = 0
     queued_time: float | None = None  # when the engine queued it (None: at arrival); queue time counts from it
@@ -96,12 +100,6 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """Tokens whose KV is in the cache (0 while waiting, after a preemption, and once finished)."""
-        blocks = self.blocks
-        return blocks.num_computed_tokens(self.seq_id) if blocks is not None and self.seq_id in blocks else 0
 
     @property
     def num_uncomputed_tokens(self) -> int:

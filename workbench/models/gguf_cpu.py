@@ -3,8 +3,9 @@
 Why three: a batch-1 decode step reads every weight once, so on the CPU the product has to read the 4-bit blocks
 themselves. Two candidates do, and were measured at the model's shapes (`benchmarks/bench_gguf_cpu.py`):
 
-* ``cpp``: `gguf_cpu.cpp`, built on first use with ``torch.utils.cpp_extension`` into the cache directory (a few
-  seconds: it includes ATen's tensor and parallel headers only), with the building CPU's vector instructions.
+* ``cpp``: `gguf_cpu.cpp` and `gguf_cpu_layer.cpp`, built with ``torch.utils.cpp_extension`` into the cache
+  directory by ``workbench fetch`` (so by ``make setup``) or on first use: two sources of ~5 s of CPU each, mostly
+  parsing the few ATen headers they include, compiled side by side; the building CPU's vector instructions.
   It converts each block to exactly the dequantized float32 weights in registers and runs 1-4 activation rows
   over them at once, threads over output rows through ATen's OpenMP pool. Q4_1 and Q8_0.
 * ``int4pack``: ``torch._weight_int4pack_mm_for_cpu``, whose weights are ``(q - 8) * scale + zero``: a Q4_1 block

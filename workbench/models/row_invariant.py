@@ -33,6 +33,8 @@ from contextvars import ContextVar
 
 import torch
 
+from workbench.intmath import ceil_div
+
 ROW_TILE = 16
 
 _ROW_INVARIANT: ContextVar[bool] = ContextVar("row_invariant_products", default=False)
@@ -56,7 +58,7 @@ def in_row_tiles(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, ti
     """``fn`` (a row-wise map such as a linear layer) applied to ``x`` [rows, ...] ``tile`` rows at a time, the last
     tile padded with zeros: every call sees the same shape, so a row's result cannot depend on its neighbours."""
     rows = x.shape[0]
-    padded = -(-rows // tile) * tile
+    padded = ceil_div(rows, tile) * tile
     if padded != rows:
         x = torch.cat([x, x.new_zeros(padded - rows, *x.shape[1:])])
     return torch.cat([fn(x[i:i + tile]) for i in range(0, padded, tile)])[:rows]

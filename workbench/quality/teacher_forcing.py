@@ -14,6 +14,7 @@ from workbench.cache.calibration import fp8_scales
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import PagedBatchMetadata
+from workbench.intmath import ceil_div
 from workbench.models.llama import LlamaModel
 
 BLOCK_SIZE = 16
@@ -28,7 +29,7 @@ def logits_through_cache(model: LlamaModel, token_ids: list[int], kv_format: str
         raise ValueError(f"need at least 2 tokens, got {n}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    num_blocks = -(-n // BLOCK_SIZE)
+    num_blocks = ceil_div(n, BLOCK_SIZE)
     cache = PagedKVCache(model.spec, num_blocks, BLOCK_SIZE, dtype=model.dtype, device=model.device,
                          kv_format=kv_format)
     if kv_format == "fp8_e4m3":

@@ -21,6 +21,7 @@ import torch
 
 from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
+from workbench.intmath import ceil_div
 from workbench.models.llama import LlamaModel
 from workbench.roofline.counts import count_step, decode_work, prefill_work
 from workbench.roofline.peaks import DevicePeaks
@@ -38,7 +39,7 @@ def random_prompt(rng: random.Random, tokens: int, vocab_size: int) -> list[int]
 
 def _engine(model: LlamaModel, *, max_tokens_per_step: int, max_seqs: int, pool_tokens: int) -> LLMEngine:
     """An engine whose steps hold everything asked for at once: no chunking, no sharing, a pool just big enough."""
-    blocks = -(-pool_tokens // BLOCK_SIZE) + max_seqs
+    blocks = ceil_div(pool_tokens, BLOCK_SIZE) + max_seqs
     return LLMEngine(model, None,
                      cache_config=CacheConfig(block_size=BLOCK_SIZE, num_blocks=blocks, enable_prefix_caching=False),
                      scheduler_config=SchedulerConfig(max_num_batched_tokens=max(max_tokens_per_step, max_seqs),

@@ -6,15 +6,14 @@ touching the shared engine step:
 - ``sampling_params`` runs in the HTTP handler and refuses bad options at once;
 - ``tokenize`` runs on a text worker (`workbench.serve.text_workers`), never on the engine thread, and turns any
   error of the tokenizer or the chat template into a 400 naming the field, as vLLM's preprocessing does;
-- ``fit_to_context`` checks prompt + max_tokens against the context once the prompt's length is known, so the
-  error can say how many tokens were asked for, and a missing ``max_tokens`` becomes what is left.
+- ``check_vocabulary`` refuses given token ids outside the model's vocabulary.
 
-The pool check (a request that can never fit the KV cache) stays in the engine, which owns the pool.
+``max_tokens`` is passed on as the client sent it (None when it sent none): the engine owns its one policy
+(`workbench.engine.requests.resolved_max_tokens`: refused past the context, what the context and the KV pool
+leave when missing), which the pipeline runs before admitting the request (`workbench.serve.pipeline`).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import jinja2
 
@@ -33,7 +32,7 @@ DEFAULT_TOP_P = 1.0
 
 def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
                     default_temperature: float = DEFAULT_TEMPERATURE) -> SamplingParams:
-    """The engine's SamplingParams for ``request`` (``max_tokens`` None: 1 for now, set by fit_to_context)."""
+    """The engine's SamplingParams for ``request`` (``max_tokens`` None: what the context and the pool leave)."""
     refused = request.unsupported()
     if refused is not None:
         raise APIError(400, refused[1], param=refused[0])
@@ -42,7 +41,7 @@ def sampling_params(request: SamplingFields, max_tokens: int | None, max_n: int,
     stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     try:
         return SamplingParams(
-            max_tokens=max_tokens if max_tokens is not None else max(1, request.min_tokens),
+            max_tokens=max_tokens,
             temperature=default_temperature if request.temperature is None else request.temperature,
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             top_k=max(0, request.top_k or 0), seed=request.seed, stop=stop,
@@ -121,37 +120,3 @@ def check_vocabulary(ids: list[int], vocab_size: int, field: str) -> None:
     if ids and max(ids) >= vocab_size:
         bad = next(t for t in ids if t >= vocab_size)
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param=field)
-
-
-def fit_to_context(params: SamplingParams, requested_max_tokens: int | None, num_prompt_tokens: int,
-                   max_context: int, pool_tokens: int, prompt_field: str) -> SamplingParams:
-    """``params`` with its final max_tokens, or a 400 when prompt + max_tokens exceed the context.
-
-    Without a requested max_tokens, the request may generate up to what the context and the KV pool leave."""
-    if num_prompt_tokens >= max_context or (requested_max_tokens is not None
-                                            and num_prompt_tokens + requested_max_tokens > max_context):
-        raise _context_exceeded(requested_max_tokens, num_prompt_tokens, max_context, prompt_field)
-    if requested_max_tokens is not None:
-        return params
-    room = min(max_context, pool_tokens) - num_prompt_tokens
-    if room < 1:
-        raise APIError(400, f"the {prompt_field} has {num_prompt_tokens} tokens and the KV pool holds "
-                            f"{pool_tokens}: nothing is left to generate into; shorten the {prompt_field}",
-                       param=prompt_field)
-    if room < params.min_tokens:
-        raise APIError(400, f"min_tokens={params.min_tokens} does not fit: the context and the KV pool leave "
-                            f"room for {room} tokens after this {prompt_field}", param="min_tokens")
-    return replace(params, max_tokens=room)
-
-
-def _context_exceeded(requested: int | None, num_prompt_tokens: int, max_context: int, field: str) -> APIError:
-    if requested is None:
-        message = (f"this model's maximum context length is {max_context} tokens, and {num_prompt_tokens} tokens "
-                   f"are in the {field} alone: shorten the {field}")
-        param = field
-    else:
-        message = (f"this model's maximum context length is {max_context} tokens, you requested "
-                   f"{num_prompt_tokens + requested} tokens ({num_prompt_tokens} in the {field} + {requested} "
-                   f"max_tokens): shorten the {field} or lower max_tokens")
-        param = field if num_prompt_tokens >= max_context else "max_tokens"
-    return APIError(400, message, param=param, code="context_length_exceeded")

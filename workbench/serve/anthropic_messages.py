@@ -148,7 +148,7 @@ def hosted_router(pipeline: Pipeline) -> APIRouter:
 
         request_id = f"msg_{uuid.uuid4().hex[:24]}"
         params = SamplingParams(max_tokens=body.max_tokens, temperature=body.temperature)
-        got = await _whole_reply(pipeline, request, Job(request_id, render, params, body.max_tokens, "messages",
+        got = await _whole_reply(pipeline, request, Job(request_id, render, params, "messages",
                                                         on_admit=begin), first_token)
         payload = {"id": request_id, "type": "message", "role": "assistant", "model": body.model,
                    "content": [{"type": "text", "text": got.texts[0]}],
@@ -177,7 +177,7 @@ def hosted_router(pipeline: Pipeline) -> APIRouter:
         template, special = body.template_options(), body.add_special_tokens
         job = Job(request_id, lambda tokenizer: tokenize(tokenizer, messages, template=template,
                                                          add_special_tokens=special, field="messages"),
-                  params, requested, "messages",
+                  params, "messages",
                   on_admit=lambda engine, ids: found.append(cache.request(ids, body.prompt_cache_key)))
         got = await _whole_reply(pipeline, request, job)
         payload = {"id": request_id, "object": "chat.completion", "created": int(time.time()), "model": model,

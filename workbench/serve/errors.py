@@ -24,6 +24,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from workbench.prompts import ContextLengthError
 from workbench.serve.schemas import allowed_range
 from workbench.serve.vllm_fields import FieldRefused
 
@@ -91,8 +92,13 @@ def error_response(request: Request, status: int, message: str, *, param: str | 
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def from_value_error(exc: ValueError) -> APIError:
-    """A 400 for a bad value the engine or SamplingParams refused; ``param`` is the field its message names."""
+def from_value_error(exc: ValueError, prompt_field: str = "prompt") -> APIError:
+    """A 400 for a bad value the engine or SamplingParams refused; ``param`` is the field its message names. A
+    prompt past the context (`workbench.prompts.ContextLengthError`) is vLLM's ``context_length_exceeded``, naming
+    the request's ``prompt_field`` (``prompt`` or ``messages``)."""
+    if isinstance(exc, ContextLengthError):
+        exc = exc.for_field(prompt_field)
+        return APIError(400, str(exc), param=exc.param, code="context_length_exceeded")
     message = str(exc)
     param = next((name for name in _PARAM_NAMES if message.startswith(name + " ")), None)
     return APIError(400, message, param=param)

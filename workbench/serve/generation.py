@@ -20,6 +20,17 @@ from workbench.serve.responses import Echo, Responder
 from workbench.serve.schemas import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 
 
+def engine_request_id(response_id: str, unique: str, index: int) -> str:
+    """The engine's id for one prompt of an HTTP request: the response's id, a suffix unique to the HTTP request
+    (clients may reuse their ids) and the prompt's index in the batch."""
+    return f"{response_id}-{unique}-{index}"
+
+
+def response_id_of(engine_id: str) -> str:
+    """The response id an engine request id (`engine_request_id`) was made from."""
+    return engine_id.rsplit("-", 2)[0]
+
+
 class Generator:
     def __init__(self, pipeline: Pipeline, model_name: str, model_root: str | None = None):
         """``model_root``: the checkpoint's folder (/v1/models' ``root``), which names the model too: `vllm bench
@@ -82,8 +93,8 @@ class Generator:
             prompts, field = [messages], "messages"
         else:
             prompts, field, template = completion_prompts(body), "prompt", None
-        jobs = [Job(f"{response_id}-{unique}-{i}", self._tokenizer_for(prompt, template, body.add_special_tokens,
-                                                                         field), params, requested, field)
+        jobs = [Job(engine_request_id(response_id, unique, i),
+                    self._tokenizer_for(prompt, template, body.add_special_tokens, field), params, field)
                 for i, prompt in enumerate(prompts)]
         stream = await self.pipeline.start_all(jobs)
         echo = Echo(await self._prompt_texts(prompts), body.echo_only) if not chat and body.echo else None

@@ -6,7 +6,9 @@ all of them, so no route can forget a step:
 
 1. tokenize on a text worker, never on the engine thread (`workbench.serve.text_workers`), and check given token
    ids against the vocabulary;
-2. check prompt + max_tokens against the context (``fit_to_context``): a 400 before the engine sees anything;
+2. check prompt + max_tokens against the context and the KV pool with the engine's own policy
+   (`workbench.engine.requests.resolved_max_tokens`, which the engine runs again as it admits): a 400 before the
+   engine thread sees anything, worded as the engine words it;
 3. admit on the engine thread (``job.on_admit`` runs there first, for state the engine thread owns), mapping
    refusals to HTTP errors: 400 for bad input, 503 while the server drains;
 4. follow the request to its end, and abort it the moment its client goes away: a streaming response aborts when
@@ -27,7 +29,8 @@ from starlette.types import Receive, Scope, Send
 
 from workbench.config import SamplingParams
 from workbench.engine.llm_engine import LLMEngine
-from workbench.serve.admission import check_vocabulary, fit_to_context
+from workbench.engine.requests import resolved_max_tokens
+from workbench.serve.admission import check_vocabulary
 from workbench.serve.batch import MergedStream
 from workbench.serve.engine_loop import EngineLoop, EngineStopped
 from workbench.serve.errors import SERVER_ERROR, APIError, ClientGone, from_value_error
@@ -43,8 +46,7 @@ class Job:
 
     request_id: str
     tokenize: Callable[[Any], list[int]]  # the prompt's token ids, given a tokenizer (runs on a text worker)
-    params: SamplingParams  # its max_tokens is replaced by what the context leaves when requested_max_tokens is None
-    requested_max_tokens: int | None
+    params: SamplingParams  # max_tokens as the client sent it (None: what the context and the KV pool leave)
     prompt_field: str  # the request field the prompt came from, named in errors
     on_admit: Callable[[LLMEngine, list[int]], None] | None = None  # on the engine thread, before the engine adds it
 
@@ -81,21 +83,22 @@ class Pipeline:
         engine = loop.engine
         self.max_context = engine.model.spec.max_context
         self.vocab_size = engine.model.spec.vocab_size
-        self.pool_tokens = engine.blocks.num_blocks * engine.cache_config.block_size
 
     async def start(self, job: Job) -> RequestStream:
         """Tokenize, check the context and admit ``job``; its stream of events (APIError if refused)."""
         arrival = self.loop.engine.clock()  # the request's clock starts before its tokenization
         ids = await self.workers.run(lambda tokenizer: self._token_ids(job, tokenizer))
-        params = fit_to_context(job.params, job.requested_max_tokens, len(ids), self.max_context, self.pool_tokens,
-                                job.prompt_field)
+        try:
+            resolved_max_tokens(len(ids), job.params, self.loop.engine.limits)  # read-only: the engine's limits
+        except ValueError as exc:
+            raise from_value_error(exc, job.prompt_field) from exc
 
         def admit(engine: LLMEngine) -> tuple[list[int], SamplingParams]:
             if job.on_admit is not None:
                 job.on_admit(engine, ids)
-            return ids, params
+            return ids, job.params
 
-        return await mapped(self.loop.add_request(job.request_id, admit, params.n, arrival))
+        return await mapped(self.loop.add_request(job.request_id, admit, job.params.n, arrival), job.prompt_field)
 
     def _token_ids(self, job: Job, tokenizer: Any) -> list[int]:
         ids = job.tokenize(tokenizer)
@@ -175,7 +178,7 @@ class Pipeline:
         return streams[0] if len(streams) == 1 else MergedStream(streams)
 
 
-async def mapped(awaitable: Awaitable[T]) -> T:
+async def mapped(awaitable: Awaitable[T], prompt_field: str = "prompt") -> T:
     """Await an engine-thread call, mapping refusals to HTTP errors (400 for bad input, 503 when stopping)."""
     try:
         return await awaitable
@@ -184,7 +187,7 @@ async def mapped(awaitable: Awaitable[T]) -> T:
     except EngineStopped as exc:
         raise APIError(503, str(exc), code="service_unavailable", type_=SERVER_ERROR) from exc
     except ValueError as exc:
-        raise from_value_error(exc) from exc
+        raise from_value_error(exc, prompt_field) from exc
 
 
 async def client_gone(request: Request) -> None:

@@ -21,12 +21,15 @@ again by the next catch-up.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from workbench.cache.block_manager import BlockManager
 from workbench.cache.paged import PagedKVCache
 from workbench.cache.paged_attention import PagedAttention
 from workbench.cache.paged_batch import BatchEntry, build_paged_batch
+from workbench.intmath import ceil_div
 from workbench.sampling import probabilities
 from workbench.spec.sequence_view import DraftingSequence
 from workbench.spec.tree import DraftTree
@@ -77,28 +80,26 @@ class DraftProposer:
     @torch.inference_mode()
     def propose(self, items: list[tuple[DraftingSequence, int]]) -> list[tuple[list[int], torch.Tensor | None]]:
         """Up to k drafts per (sequence, k), and the distributions they were drawn from (None when greedy)."""
-        drafts: list[list[int]] = [[] for _ in items]
-        probs: list[list[torch.Tensor]] = [[] for _ in items]
-        plans = [self._catch_up_plan(seq) for seq, _ in items]
-        live = [i for i, plan in enumerate(plans) if plan is not None]
+        chains = [_Chain(seq, k, self._catch_up_plan(seq)) for seq, k in items]
+        live = [chain for chain in chains if chain.plan is not None]  # row n of ``state`` is live[n]'s
         if live:
-            entries = [plans[i][0] for i in live]
-            hidden = self._forward(entries, [plans[i][1] for i in live] if self.needs_target_features else None)
+            entries = [chain.plan[0] for chain in live]
+            hidden = self._forward(entries, [c.plan[1] for c in live] if self.needs_target_features else None)
             ends = torch.tensor([len(e.tokens) for e in entries]).cumsum(0) - 1
-            state = hidden[ends.to(self.device)]  # row n: the newest draft hidden state of sequence live[n]
+            state = hidden[ends.to(self.device)]  # each live chain's newest draft hidden state
         while live:
-            self._sample_into(state, [items[i][0] for i in live], [drafts[i] for i in live], [probs[i] for i in live])
-            keep = [n for n, i in enumerate(live) if len(drafts[i]) < items[i][1]]
+            self._sample_into(state, live)
+            keep = [n for n, chain in enumerate(live) if not chain.done]
             if not keep:
                 break
             state, live = state[keep], [live[n] for n in keep]
-            entries = [BatchEntry(items[i][0].seq_id, self._next_position(items[i][0], len(drafts[i])),
-                                  [drafts[i][-1]]) for i in live]
+            entries = [BatchEntry(c.seq.seq_id, self._next_position(c.seq, len(c.tokens)), [c.tokens[-1]])
+                       for c in live]
             state = self._forward(entries, list(state[:, None]) if self.needs_target_features else None)
-        for (seq, k), plan in zip(items, plans, strict=True):
-            if plan is not None:
-                self._after_propose(seq, k)
-        return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs, strict=True)]
+        for chain in chains:
+            if chain.plan is not None:
+                self._after_propose(chain.seq, chain.k)
+        return [chain.result() for chain in chains]
 
     @torch.inference_mode()
     def propose_tree(self, items: list[tuple[DraftingSequence, int, int]], shape: TreeShape) -> list[DraftTree | None]:
@@ -180,7 +181,7 @@ class DraftProposer:
         valid, table = self._valid[seq_id], self.blocks.block_table(seq_id)
         old = self._tables.get(seq_id, [])
         size = self.cache.block_size
-        for index in range(-(-valid // size)):
+        for index in range(ceil_div(valid, size)):
             if index >= len(old) or old[index] != table[index]:
                 return index * size
         return valid
@@ -209,13 +210,33 @@ class DraftProposer:
         return torch.cat([hidden[row: row + len(entry.tokens)] for entry, row in zip(entries, batch.first_rows,
                                                                                       strict=True)])
 
-    def _sample_into(self, state: torch.Tensor, seqs: list[DraftingSequence], drafts: list[list[int]],
-                     probs: list[list[torch.Tensor]]) -> None:
+    def _sample_into(self, state: torch.Tensor, chains: list[_Chain]) -> None:
+        """One more draft for each chain, from the draft's hidden state in the chain's row of ``state``."""
         logits = self.draft.compute_logits(state)
-        for row, (seq, out, dist) in enumerate(zip(seqs, drafts, probs, strict=True)):
-            if seq.params.greedy:
-                out.append(int(logits[row].argmax()))
+        for row, chain in enumerate(chains):
+            params = chain.seq.params
+            if params.greedy:
+                chain.tokens.append(int(logits[row].argmax()))
                 continue
-            q = probabilities(logits[row], seq.params)
-            dist.append(q)
-            out.append(int(torch.multinomial(q, 1, generator=seq.generator)))
+            q = probabilities(logits[row], params)
+            chain.probs.append(q)
+            chain.tokens.append(int(torch.multinomial(q, 1, generator=chain.seq.generator)))
+
+
+@dataclass(slots=True)
+class _Chain:
+    """One sequence's chain of drafts while ``propose`` grows it: the tokens, and the distributions they were drawn
+    from (none when greedy)."""
+
+    seq: DraftingSequence
+    k: int  # the most drafts it may get
+    plan: tuple[BatchEntry, torch.Tensor | None] | None  # the draft's catch-up forward (None: it cannot draft)
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) >= self.k
+
+    def result(self) -> tuple[list[int], torch.Tensor | None]:
+        return self.tokens, torch.stack(self.probs) if self.probs else None

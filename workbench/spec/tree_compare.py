@@ -123,9 +123,9 @@ def run_layout(make_engine: EngineFactory, layout: Layout, prompts: list[str], m
         start = time.perf_counter()
         result = execute(scheduled, block_copies)
         seconds = time.perf_counter() - start
-        if any(item.drafts for item in scheduled):
+        if any(item.drafts is not None for item in scheduled):
             run.verify_s, run.verify_steps = run.verify_s + seconds, run.verify_steps + 1
-        elif all(item.num_new_tokens == 1 and item.seq.num_output_tokens for item in scheduled):
+        elif all(item.num_fed == 1 and item.seq.num_output_tokens for item in scheduled):
             run.plain_s, run.plain_steps = run.plain_s + seconds, run.plain_steps + 1
         return result
 

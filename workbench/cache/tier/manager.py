@@ -20,9 +20,9 @@ The engine runs the queue (`workbench.cache.tier.tier.KVTier.move`) before each 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from workbench.cache.block_manager import BlockManager
-from workbench.cache.block_pool import BlockPool
 from workbench.cache.prefix_cache import ROOT, CachedBlock, HashFn, PrefixCache
 from workbench.cache.tier.keys import block_digests, chain
 
@@ -57,9 +57,7 @@ class TieredBlockManager(BlockManager):
         super().__init__(num_blocks, block_size, enable_prefix_caching=True, hash_fn=hash_fn)
         cache = SpillingPrefixCache(block_size, hash_fn)
         cache.on_evict = self._spill
-        self.prefix_cache = cache
-        self._pool = BlockPool(num_blocks, cache)
-        self._ref = self._pool.ref
+        self._use_cache(cache)
         self.tier = tier
         self.spills: list[tuple[int, bytes, tuple[int, ...]]] = []  # (block, name, tokens) to copy out
         self.restores: list[tuple[object, int]] = []  # (the store's handle, block) to copy in
@@ -96,7 +94,7 @@ class TieredBlockManager(BlockManager):
             self.spills.append((block, name, entry.token_ids))
 
     # --------------------------------------------------------------------------------------------- admission
-    def add_sequence(self, seq_id: int, token_ids: list[int], lookup: bool = True) -> int:
+    def add_sequence(self, seq_id: int, token_ids: Sequence[int], lookup: bool = True) -> int:
         num_hit = super().add_sequence(seq_id, token_ids, lookup)
         restored = self._restore(seq_id, token_ids, num_hit) if lookup and self.enabled else 0
         self._restored[seq_id] = restored
@@ -105,7 +103,7 @@ class TieredBlockManager(BlockManager):
             self._restored.popitem(last=False)
         return num_hit + restored
 
-    def _restore(self, seq_id: int, token_ids: list[int], num_hit: int) -> int:
+    def _restore(self, seq_id: int, token_ids: Sequence[int], num_hit: int) -> int:
         size = self.block_size
         first, limit = num_hit // size, (len(token_ids) - 1) // size
         if first >= limit:
