@@ -1,16 +1,16 @@
 """How the trained draft's acceptance grows with training data: the committed recipe on growing subsets, one run.
 
-The draft (`workbench.spec.draft_training`) misses the issue's α ≥ 0.5 goal, and this measures why: it trains
+The draft (`workbench.draft_training`) misses the issue's α ≥ 0.5 goal, and this measures why: it trains
 the same recipe (`TrainConfig()`, 3 epochs) on 25%, 50% and 100% of the target answers it is given and reports
 the held-out per-token acceptance α and accepted / drafted at K = 4 for each (greedy replay,
-`workbench.spec.draft_training.evaluate`), then fits α against log2(tokens) and extends the line to α = 0.5.
+`workbench.draft_training.evaluate`), then fits α against log2(tokens) and extends the line to α = 0.5.
 
 The data is what `draft_training --data PATH` caches (the target's answers with its features); several files
 are merged, answers that appear in more than one counted once, so two earlier runs' answers give a subset
 larger than one 30-minute run makes:
 
-    .venv/bin/python -m workbench.spec.draft_training --seed 0 --data /tmp/a.pt --heldout-data /tmp/h.pt
-    .venv/bin/python -m workbench.spec.draft_training --seed 0 --sampled-max-tokens 256 --data /tmp/b.pt
+    .venv/bin/python -m workbench.draft_training --seed 0 --data /tmp/a.pt --heldout-data /tmp/h.pt
+    .venv/bin/python -m workbench.draft_training --seed 0 --sampled-max-tokens 256 --data /tmp/b.pt
     .venv/bin/python benchmarks/bench_draft_data.py --data /tmp/a.pt /tmp/b.pt --heldout-data /tmp/h.pt
 
 Each subset is a seeded random choice of whole answers; smaller subsets are prefixes of larger ones. Training
@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 import workbench
+from workbench.draft_training.data import DraftSample, add_taps
+from workbench.draft_training.evaluate import acceptance_on_samples
+from workbench.draft_training.train import TrainConfig, train_draft
 from workbench.spec.draft_head import load_draft, save_draft
-from workbench.spec.draft_training.data import DraftSample, add_taps
-from workbench.spec.draft_training.evaluate import acceptance_on_samples
-from workbench.spec.draft_training.train import TrainConfig, train_draft
 
 
 def merged_samples(paths: list[str]) -> list[DraftSample]:
@@ -41,7 +41,7 @@ def merged_samples(paths: list[str]) -> list[DraftSample]:
     for path in paths:
         if not Path(path).is_file():
             raise FileNotFoundError(f"no cached draft data at {path}: make it with "
-                                    f"`python -m workbench.spec.draft_training --data {path}`")
+                                    f"`python -m workbench.draft_training --data {path}`")
         for sample in torch.load(path, weights_only=False):
             key = tuple(sample.tokens.tolist())
             if key not in seen:

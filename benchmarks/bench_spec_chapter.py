@@ -3,7 +3,7 @@ a final JSON line.
 
     .venv/bin/python benchmarks/bench_spec_chapter.py [--prompts 4] [--max-tokens 64]
 
-The same helpers as the notebook (`workbench.spec.experiments`: methods, compare, forward_cost,
+The same helpers as the notebook (`workbench.spec_experiments`: methods, compare, forward_cost,
 sampling_check), with more prompts and longer answers, so the ratios rest on more tokens. Plotting is not
 needed and not imported.
 """
@@ -18,11 +18,11 @@ import torch
 
 import workbench
 from workbench.spec.draft_head import load_draft
-from workbench.spec.experiments.compare import compare
-from workbench.spec.experiments.forward_cost import forward_curve
-from workbench.spec.experiments.methods import PROPOSERS, task_prompts
-from workbench.spec.experiments.sampling_check import sampling_check
 from workbench.spec.theory import best_k, break_even_alpha, speedup
+from workbench.spec_experiments.compare import compare
+from workbench.spec_experiments.forward_cost import forward_curve
+from workbench.spec_experiments.methods import PROPOSERS, task_prompts
+from workbench.spec_experiments.sampling_check import sampling_check
 
 COLUMNS = ["decode_tokens_per_s", "speedup", "alpha", "accepted_per_drafted", "tokens_per_pass",
            "tokens_per_pass_theory", "draft_cost_c", "verify_cost_r", "speedup_model", "speedup_textbook",

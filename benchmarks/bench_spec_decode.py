@@ -14,7 +14,7 @@ Greedy, fp32, the real SmolLM2-135M. Three measurements:
 
 4. **Chain vs token trees at the same verification budget** (held-out chat prompts, batch 1, the trained
    draft): for K = 4, 8, 16 drafted nodes per pass (K + 1 positions per target forward), a chain of K, a static
-   tree of K nodes and a dynamic tree of K nodes (`workbench.spec.tree_compare`): tokens per target pass
+   tree of K nodes and a dynamic tree of K nodes (`workbench.spec_experiments.tree_compare`): tokens per target pass
    measured, beside the yield the per-depth, per-rank acceptance predicts (from the run itself, and from the
    widest static tree's acceptance: a prediction made without running the layout), the draft and verify time
    per pass, r = verify / plain forward, and the decode speedup on this CPU.
@@ -38,7 +38,7 @@ from workbench.config import CacheConfig, SamplingParams, SchedulerConfig, SpecC
 from workbench.data import load_prompts
 from workbench.engine.llm_engine import LLMEngine
 from workbench.spec.draft_head import load_draft
-from workbench.spec.tree_compare import compare_layouts, layouts_at_budget
+from workbench.spec_experiments.tree_compare import compare_layouts, layouts_at_budget
 
 METHODS = ("plain", "ngram", "draft")
 

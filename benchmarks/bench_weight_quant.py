@@ -43,7 +43,6 @@ import workbench
 from workbench.models.cpu_linear import Linear
 from workbench.models.int8_linear import Int8Linear
 from workbench.quality.format_sweep import (
-    KV_FORMATS,
     decode_tokens_per_s,
     heldout_ids,
     measure_config,
@@ -51,6 +50,7 @@ from workbench.quality.format_sweep import (
     save_sweep,
 )
 from workbench.quality.teacher_forcing import logits_through_cache
+from workbench_kernels.kv_quant import KV_FORMATS
 
 SHAPES = {"qkv 960x576": (960, 576), "gate_up 3072x576": (3072, 576), "down 576x1536": (576, 1536),
           "lm_head 49152x576": (49152, 576)}

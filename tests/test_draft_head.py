@@ -10,18 +10,18 @@ import torch.nn.functional as F
 from workbench.cache.block_invariants import check_block_manager
 from workbench.cache.contiguous import ContiguousKVCache
 from workbench.data import load_prompts
-from workbench.models.attention import NoCacheAttention
-from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, build_draft, load_draft, save_draft
-from workbench.spec.draft_training.data import DraftSample, draft_vocabulary, target_outputs
-from workbench.spec.draft_training.evaluate import acceptance_on_samples, evaluate_acceptance
-from workbench.spec.draft_training.losses import (
+from workbench.draft_training.data import DraftSample, draft_vocabulary, target_outputs
+from workbench.draft_training.evaluate import acceptance_on_samples, evaluate_acceptance
+from workbench.draft_training.losses import (
     UnrolledAttention,
     make_batch,
     restrict_to_vocab,
     soft_cross_entropy,
     vocab_index,
 )
-from workbench.spec.draft_training.train import TrainConfig, init_draft, train_draft
+from workbench.draft_training.train import TrainConfig, init_draft, train_draft
+from workbench.models.attention import NoCacheAttention
+from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, build_draft, load_draft, save_draft
 
 
 @pytest.fixture(scope="module")

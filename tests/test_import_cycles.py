@@ -6,7 +6,7 @@ hides a cycle, it does not remove it) or under ``if TYPE_CHECKING:``. Two graphs
 
 - modules: ``a`` imports ``b``;
 - packages: a module of directory ``A`` imports one of directory ``B`` (``workbench.engine`` and
-  ``workbench.spec.draft_training`` are different packages; a top-level module such as ``workbench.config`` is a
+  ``workbench.draft_training`` are different packages; a top-level module such as ``workbench.config`` is a
   package of its own), so that each package can be read, and tested, before the ones that use it.
 
 A package's ``__init__`` being run on the way to one of its modules is not counted as an import.

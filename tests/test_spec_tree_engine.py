@@ -199,7 +199,7 @@ def test_sampling_through_trees_keeps_the_target_distribution_in_the_engine():
 def test_chain_and_trees_compared_at_the_same_budget(one_torch_thread):
     """`compare_layouts` (chapter 7 and bench_spec_decode): equal positions per pass, the greedy output checked
     against plain decoding, and the measured yield beside the per-depth, per-rank model's."""
-    from workbench.spec.tree_compare import compare_layouts, layouts_at_budget
+    from workbench.spec_experiments.tree_compare import compare_layouts, layouts_at_budget
 
     ours, _ = family("qwen2.5-7b", (8, 2))
     draft = SwappedDraft(ours)

@@ -1,5 +1,5 @@
 """The progress callback every long measurement takes, ``progress(done, total, text)``: engine-side, so that
-measurements outside the lab (``workbench.quality``, ``workbench.spec.experiments``, ``workbench.bench``) and the
+measurements outside the lab (``workbench.quality``, ``workbench.spec_experiments``, ``workbench.bench``) and the
 lab's progress widget (`workbench.lab.kit.progress`) share one definition."""
 
 from __future__ import annotations

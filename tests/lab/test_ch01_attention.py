@@ -122,7 +122,7 @@ def test_the_windowed_variant_reports_its_own_crossover(tiny_model):
 
 
 def test_kv_memory_lab_sizes_by_kv_heads_not_query_heads():
-    lab = ch01.KVMemoryLab("cpu", model="llama-3-70b", context=8192, kv_dtype="bfloat16", batch=1).run()
+    lab = ch01.KVMemoryLab("cpu", model="llama-3-70b", context=8192, kv_cache_dtype="bfloat16", batch=1).run()
     bars = dict(zip(trace(lab.figure, KV_PER_SEQUENCE).x, trace(lab.figure, KV_PER_SEQUENCE).y, strict=True))
     spec = workbench.model_spec("llama-3-70b")
     assert bars["GQA"] * GiB == kv_bytes(spec, 8192, kv_format=torch.bfloat16)  # 8 KV heads: 2.5 GiB
@@ -132,13 +132,13 @@ def test_kv_memory_lab_sizes_by_kv_heads_not_query_heads():
 
 
 def test_kv_memory_lab_controls_update_the_figure():
-    lab = ch01.KVMemoryLab("cpu", model="llama-3-8b", context=8192, kv_dtype="bfloat16", batch=1).run()
+    lab = ch01.KVMemoryLab("cpu", model="llama-3-8b", context=8192, kv_cache_dtype="bfloat16", batch=1).run()
 
     def bars(name):
         return dict(zip(trace(lab.figure, name).x, trace(lab.figure, name).y, strict=True))
 
     gqa_bf16 = bars(KV_PER_SEQUENCE)["GQA"]
-    lab.kv_dtype.value = "float32"
+    lab.kv_cache_dtype.value = "float32"
     assert bars(KV_PER_SEQUENCE)["GQA"] == pytest.approx(2 * gqa_bf16)
     one = bars(KV_OF_BATCH)
     lab.batch.value = 4

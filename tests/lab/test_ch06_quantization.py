@@ -23,6 +23,7 @@ from workbench.lab.kit.closing import ClosingTable, Verdict
 from workbench.lab.kit.figures import trace
 from workbench.models import model_spec
 from workbench.quality import format_sweep as sweep_engine
+from workbench_kernels.kv_quant import KV_FORMATS
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny matrices: see tests/conftest.py
 
@@ -97,7 +98,7 @@ def test_panels_do_not_measure_until_asked(tiny_model, tokenizer):
 
 def test_kv_panel_measures_every_format_and_rereads_capacity_at_the_budget(kv_lab):
     table = kv_lab.table()
-    assert list(table.index) == list(sweep_engine.KV_FORMATS)
+    assert list(table.index) == list(KV_FORMATS)
     assert table.loc["auto", "kl_mean"] == pytest.approx(0.0, abs=1e-9) and table.loc["auto", "top1_agreement"] == 1
     assert (table.drop(index="auto").kl_mean > 0).all()
     by_size = table.sort_values("bytes_per_token", ascending=False).sequences_at_budget

@@ -16,8 +16,8 @@ from workbench.lab import ch07
 from workbench.lab.ch07.runs import AcceptanceRun, BatchRun, same_draft_two_runs
 from workbench.lab.ch07.trees import TreeComparison
 from workbench.lab.kit.closing import ClosingTable, Verdict
-from workbench.spec.experiments.sampling_check import SamplingCheck
 from workbench.spec.stats import SpecCounters
+from workbench.spec_experiments.sampling_check import SamplingCheck
 
 COLUMNS = ["speedup", "alpha", "accepted_per_drafted", "tokens_per_pass", "draft_cost_c", "verify_cost_r",
            "drafted", "tested", "accepted"]

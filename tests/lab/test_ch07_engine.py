@@ -12,10 +12,10 @@ import torch
 
 from workbench.lab.ch07.runs import load_draft
 from workbench.lab.ch07.trace import trace_html, trace_request
-from workbench.spec.experiments.compare import compare
-from workbench.spec.experiments.forward_cost import _retime_stalls, forward_curve
-from workbench.spec.experiments.methods import task_prompts
-from workbench.spec.experiments.sampling_check import chi_square
+from workbench.spec_experiments.compare import compare
+from workbench.spec_experiments.forward_cost import _retime_stalls, forward_curve
+from workbench.spec_experiments.methods import task_prompts
+from workbench.spec_experiments.sampling_check import chi_square
 
 
 @pytest.fixture(scope="module")

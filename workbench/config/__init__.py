@@ -14,7 +14,13 @@ a notebook cell fails at the line that made it instead of deep inside the engine
 Import from here (``from workbench.config import SamplingParams``); the modules are how the code is kept.
 """
 
-from workbench.config.cache import DEFAULT_CPU_KV_BUDGET_BYTES, FLOAT_KV_DTYPES, KV_CACHE_DTYPES, CacheConfig
+from workbench.config.cache import (
+    DEFAULT_CPU_KV_BUDGET_BYTES,
+    FLOAT_KV_DTYPES,
+    KV_CACHE_DTYPES,
+    SIZED_KV_DTYPES,
+    CacheConfig,
+)
 from workbench.config.model import LAYER_TYPES, ROPE_TYPES, SUPPORTED_MODEL_TYPES, ModelSpec
 from workbench.config.sampling import (
     GREEDY_BELOW_TEMPERATURE,
@@ -35,6 +41,7 @@ from workbench.config.spec import (
 
 __all__ = [
     "BATCHING_MODES", "DEFAULT_CPU_KV_BUDGET_BYTES", "FLOAT_KV_DTYPES", "GREEDY_BELOW_TEMPERATURE", "KV_CACHE_DTYPES",
+    "SIZED_KV_DTYPES",
     "LAYER_TYPES", "MAX_LOGPROBS", "MAX_SCHEDULER_STEPS", "MAX_SPECULATIVE_TOKENS", "MAX_TREE_DEPTH",
     "MAX_TREE_NODES", "MIN_SAMPLING_TEMPERATURE", "ROPE_TYPES", "SCHEDULING_POLICIES", "SPEC_METHODS",
     "SUPPORTED_MODEL_TYPES", "CacheConfig", "ModelSpec", "SamplingParams", "SchedulerConfig", "SpecConfig",

@@ -11,6 +11,9 @@ from workbench_kernels.kv_quant import KV_FORMATS
 # a float dtype named outright, which must then be the model's own (the same as auto).
 FLOAT_KV_DTYPES = ("float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = (*KV_FORMATS, *FLOAT_KV_DTYPES)
+# What a cache can be sized in for any model (no "auto": the sizing tables name the dtype), in the order the lab's
+# kv_cache_dtype controls list them; a panel that offers fewer picks from this.
+SIZED_KV_DTYPES = (*FLOAT_KV_DTYPES, *KV_FORMATS[1:])
 
 # On the CPU the "device" is the machine's RAM, shared with everything else; a default budget of 1 GiB holds
 # ~23k tokens of SmolLM2-135M's fp32 KV (46 KB/token), far more than any notebook workload needs.

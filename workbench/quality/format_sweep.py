@@ -34,7 +34,6 @@ from workbench.workloads import mixed_lengths
 
 SWEEP_PATH = DATASETS_DIR / "eval" / "quant_sweep.json"
 SWEEP_COMMAND = ".venv/bin/python benchmarks/bench_weight_quant.py"
-KV_FORMATS = ("auto", "fp8_e4m3", "int8", "int4")
 BUDGET_BYTES = 1 << 30  # the engine's default CPU KV budget, so blocks here are the blocks the engine gets
 CONTEXT = 2048  # sequence length for "max concurrency"
 BLOCK_SIZE = 16

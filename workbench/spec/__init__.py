@@ -8,8 +8,12 @@
   (1 - a^(K+1)) / (1 - a);
 - token trees: ``tree.py`` (the drafted tree, static shapes, expected yield), ``tree_draft.py`` (growing a
   static or dynamic tree from the draft's distributions), ``tree_verify.py`` (greedy walk, recursive rejection
-  sampling over siblings), ``tree_compare.py`` (chain against trees at the same verification budget);
-- ``draft_training/``: how the committed draft for SmolLM2-135M is made from the target's own answers (generated
-  by the engine, so that package sits above ``workbench.engine``, unlike the rest of this one), and its offline
-  acceptance.
+  sampling over siblings);
+- ``drafts.py``: what a step verifies for one sequence (a chain with its distributions, or a tree).
+
+The engine imports this package, so nothing here imports the engine. What runs the engine to study speculation
+sits above it, in packages of its own: ``workbench.spec_experiments`` (methods side by side, the verification
+forward's cost, the sampling check, chain against trees at one verification budget) and
+``workbench.draft_training`` (how the committed draft for SmolLM2-135M is made from the target's own answers,
+and its offline acceptance).
 """

@@ -1,7 +1,7 @@
 """The trained speculative-decoding draft for SmolLM2-135M, and its loader.
 
 There is no smaller SmolLM2 to use as a draft, and the target's own early layers make a poor one (an untrained
-early exit agrees with the full model 3-30% of the time), so the draft is trained (`workbench.spec.draft_training`).
+early exit agrees with the full model 3-30% of the time), so the draft is trained (`workbench.draft_training`).
 Two designs share this file because the choice between them was made by measurement (numbers in
 ``datasets/drafts/README.md``):
 
@@ -226,7 +226,7 @@ def load_draft(target_model: LlamaModel, path: str | Path | None = None) -> Draf
     path = Path(path) if path is not None else DEFAULT_DRAFT_PATH
     if not path.is_file():
         raise FileNotFoundError(f"no draft weights at {path}; make them with "
-                                "`python -m workbench.spec.draft_training --seed 0 --out <path>`")
+                                "`python -m workbench.draft_training --seed 0 --out <path>`")
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as handle:

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
+from workbench.config import SIZED_KV_DTYPES
 from workbench.lab.ch01.runs import KVMemory, LayerTiming, kv_memory, layer_timing
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import GiB, device_label, device_memory_bytes, fmt_bytes, measured_on
@@ -100,12 +101,12 @@ class KVMemoryLab(LabPanel):
     (`KVMemory`)."""
 
     def __init__(self, device: torch.device | str = "cpu", *, model: str = "llama-3-8b", context: int = 8192,
-                 kv_dtype: str = "bfloat16", batch: int = 8):
+                 kv_cache_dtype: str = "bfloat16", batch: int = 8):
         self.model = widgets.Dropdown(options=config_names(), value=model, description="model")
         self.context = widgets.SelectionSlider(options=[1024, 4096, 8192, 32768, 131072], value=context,
                                                description="context")
-        self.kv_dtype = widgets.Dropdown(options=["float32", "bfloat16", "float16", "fp8_e4m3", "int8", "int4"],
-                                         value=kv_dtype, description="KV dtype")
+        self.kv_cache_dtype = widgets.Dropdown(options=list(SIZED_KV_DTYPES), value=kv_cache_dtype,
+                                                description="kv_cache_dtype")
         self.batch = widgets.IntSlider(value=batch, min=1, max=64, description="sequences")
         self.memory = widgets.Dropdown(options=_device_memory_options(torch.device(device)),
                                        description="device", layout={"width": "360px"})
@@ -119,10 +120,10 @@ class KVMemoryLab(LabPanel):
         fig.update_yaxes(title_text="% of device memory", row=1, col=2)
         fig.add_hline(y=100, line_dash="dash", line_color="black", row=1, col=2)
         self.figure = fig
-        super().__init__([self.model, self.context, self.kv_dtype, self.batch, self.memory], [fig])
+        super().__init__([self.model, self.context, self.kv_cache_dtype, self.batch, self.memory], [fig])
 
     def measure(self) -> KVMemory:
-        return kv_memory(self.model.value, self.context.value, self.kv_dtype.value, self.batch.value,
+        return kv_memory(self.model.value, self.context.value, self.kv_cache_dtype.value, self.batch.value,
                          self.memory.value)
 
     def draw(self) -> None:
@@ -134,7 +135,7 @@ class KVMemoryLab(LabPanel):
             set_trace(fig, WEIGHTS, x=names, y=[100 * kv.weights / kv.device_bytes] * len(names))
             set_trace(fig, KV_OF_BATCH, x=names, y=100 * kv.batch * per_seq / kv.device_bytes)
             fig.layout.title.text = (f"{spec.name}: {spec.attention_kind} with {spec.num_kv_heads} KV heads for "
-                                     f"{spec.num_heads} query heads, context {kv.context:,}, KV in {kv.kv_dtype}")
+                                     f"{spec.num_heads} query heads, context {kv.context:,}, KV in {kv.kv_cache_dtype}")
             fig.layout.title.subtitle.text = (f"computed from datasets/configs/{self.model.value}.json "
                                               f"(no weights built); device: {self.memory.label}")
         own = kv.own

@@ -192,7 +192,7 @@ class KVMemory:
     spec: ModelSpec
     table: pd.DataFrame  # `attention_variants`
     context: int
-    kv_dtype: str
+    kv_cache_dtype: str
     batch: int
     device_bytes: int
 
@@ -205,7 +205,7 @@ class KVMemory:
 
     @property
     def per_token(self) -> int:
-        return kv_bytes_per_token(self.spec, self.kv_dtype)
+        return kv_bytes_per_token(self.spec, self.kv_cache_dtype)
 
     @property
     def weights(self) -> int:
@@ -217,8 +217,8 @@ class KVMemory:
         return self.weights + self.batch * float(self.own["bytes_per_sequence"])
 
 
-def kv_memory(name: str, context: int, kv_dtype: str, batch: int, device_bytes: int) -> KVMemory:
+def kv_memory(name: str, context: int, kv_cache_dtype: str, batch: int, device_bytes: int) -> KVMemory:
     spec = model_spec(name)
     # SWA row: the model's own window if it has one, else 4096 (Mistral-7B's).
-    table = attention_variants(spec, context, kv_format=kv_dtype, window=spec.sliding_window or 4096)
-    return KVMemory(spec, table, context, kv_dtype, batch, device_bytes)
+    table = attention_variants(spec, context, kv_format=kv_cache_dtype, window=spec.sliding_window or 4096)
+    return KVMemory(spec, table, context, kv_cache_dtype, batch, device_bytes)

@@ -25,7 +25,7 @@ import torch
 from workbench.cache.hybrid_block_manager import HOLE
 from workbench.cache.kv_layout import kv_layout
 from workbench.cache.layout_sizing import DEFAULT_CONTEXTS, group_rows, sequences_that_fit
-from workbench.config import CacheConfig, SamplingParams, SchedulerConfig
+from workbench.config import FLOAT_KV_DTYPES, CacheConfig, SamplingParams, SchedulerConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.models.llama import LlamaModel
 from workbench.paths import DATASETS_DIR
@@ -47,7 +47,7 @@ class ArchitectureSizes:
     fits: pd.DataFrame
     kv_budget_bytes: int
     tp: int
-    kv_dtype: str
+    kv_cache_dtype: str
 
     def per_sequence(self, model: str, context: int) -> int:
         rows = self.frame[(self.frame.model == model) & (self.frame.context == context)]
@@ -64,9 +64,9 @@ class ArchitectureSizes:
 
 def architecture_sizes(models: tuple[str, ...] = ARCHITECTURES, contexts: tuple[int, ...] = DEFAULT_CONTEXTS, *,
                        gpu_bytes: int = GPU_BYTES, utilization: float = UTILIZATION, tp: int = 1,
-                       kv_dtype: str = "bfloat16") -> ArchitectureSizes:
+                       kv_cache_dtype: str = "bfloat16") -> ArchitectureSizes:
     """Every architecture's cache by layer group at every context, on one GPU (under TP ``tp``)."""
-    kv_format = getattr(torch, kv_dtype) if kv_dtype in ("bfloat16", "float16", "float32") else kv_dtype
+    kv_format = getattr(torch, kv_cache_dtype) if kv_cache_dtype in FLOAT_KV_DTYPES else kv_cache_dtype
     budget = int(gpu_bytes * utilization)
     rows, fits = [], []
     for model in models:
@@ -81,7 +81,7 @@ def architecture_sizes(models: tuple[str, ...] = ARCHITECTURES, contexts: tuple[
             fits.append({"model": model, "context": context,
                          "sequences": sequences_that_fit(layout, context, budget, kv_format=kv_format, tp=tp)})
     return ArchitectureSizes(pd.DataFrame(rows), pd.DataFrame(fits).set_index(["model", "context"]), budget, tp,
-                             kv_dtype)
+                             kv_cache_dtype)
 
 
 # ------------------------------------------------------------------------------------------- the live allocator

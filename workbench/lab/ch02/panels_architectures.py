@@ -43,12 +43,13 @@ def _kind(group: str) -> str:
 class ArchitectureLab(LabPanel):
     """Bytes per sequence by layer group, and sequences that fit, for every architecture at one context."""
 
-    def __init__(self, *, context: int = 131072, tp: int = 1, kv_dtype: str = "bfloat16"):
+    def __init__(self, *, context: int = 131072, tp: int = 1, kv_cache_dtype: str = "bfloat16"):
         style_ = {"description_width": "initial"}
         self.context = widgets.Dropdown(options=[8192, 32768, 131072], value=context, description="context",
                                         style=style_)
         self.tp = widgets.Dropdown(options=[1, 2, 4, 8], value=tp, description="tensor parallel", style=style_)
-        self.kv_dtype = widgets.Dropdown(options=["bfloat16", "fp8_e4m3"], value=kv_dtype, description="KV dtype",
+        self.kv_cache_dtype = widgets.Dropdown(options=["bfloat16", "fp8_e4m3"], value=kv_cache_dtype,
+                                               description="kv_cache_dtype",
                                          style=style_)
         fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.22, column_widths=[0.6, 0.4],
                             subplot_titles=("KV of one sequence, by layer group (GiB)",
@@ -60,10 +61,11 @@ class ArchitectureLab(LabPanel):
         fig.update_layout(barmode="stack")
         fig.update_yaxes(autorange="reversed")
         self.figure = style(fig, "The KV cache of 2025-26 architectures", COMPUTED, height=480)
-        super().__init__([self.context, self.tp, self.kv_dtype], [self.figure])
+        super().__init__([self.context, self.tp, self.kv_cache_dtype], [self.figure])
 
     def measure(self) -> ArchitectureSizes:
-        return architecture_sizes(contexts=(self.context.value,), tp=self.tp.value, kv_dtype=self.kv_dtype.value)
+        return architecture_sizes(contexts=(self.context.value,), tp=self.tp.value,
+                                  kv_cache_dtype=self.kv_cache_dtype.value)
 
     def draw(self) -> None:
         sizes: ArchitectureSizes = self.result
@@ -77,7 +79,7 @@ class ArchitectureLab(LabPanel):
             counts = [sizes.sequences(m, context) for m in models]
             set_trace(self.figure, "sequences", y=models, x=counts, text=[f"{c:,}" for c in counts])
             self.figure.layout.title.text = (f"The KV cache of 2025-26 architectures at {context:,} tokens "
-                                             f"({sizes.kv_dtype}, TP {sizes.tp})")
+                                             f"({sizes.kv_cache_dtype}, TP {sizes.tp})")
         llama, mla = sizes.per_token("llama-3.1-70b", context), sizes.per_token("deepseek-v3", context)
         split = (" (TP splits the Llama's 8 KV heads across ranks but copies MLA's single latent to every rank)"
                  if sizes.tp > 1 else "")

@@ -28,6 +28,7 @@ from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import GiB, fmt_bytes
 from workbench.lab.kit.panel import LabPanel
 from workbench.models import config_names
+from workbench_kernels.kv_quant import KV_FORMATS
 
 KV_COLOR = "#9467bd"
 CONTEXTS = [1024, 4096, 8192, 32768, 131072]
@@ -98,13 +99,13 @@ class KVCapacityLab(LabPanel):
     """KV bytes against batch size for several contexts, under one deployment's KV budget."""
 
     def __init__(self, *, model: str = "llama-3-8b", gpu: str = "80 GiB GPU", gpus: int = 1,
-                 kv_dtype: str = "bfloat16"):
+                 kv_cache_dtype: str = "bfloat16"):
         self.model = widgets.Dropdown(options=config_names(), value=model, description="model")
         self.gpu = widgets.Dropdown(options=list(GPU_MEMORY), value=gpu, description="GPU")
         self.gpus = widgets.Dropdown(options=[1, 2, 4, 8], value=gpus, description="GPUs (TP)",
                                      style={"description_width": "initial"})
-        self.kv_dtype = widgets.Dropdown(options=["bfloat16", "fp8_e4m3", "int8", "int4"], value=kv_dtype,
-                                         description="KV dtype")
+        self.kv_cache_dtype = widgets.Dropdown(options=["bfloat16", *KV_FORMATS[1:]], value=kv_cache_dtype,
+                                         description="kv_cache_dtype")
         fig = go.Figure()
         for context in CONTEXTS:
             fig.add_scatter(name=context_trace(context), mode="lines+markers")
@@ -113,11 +114,11 @@ class KVCapacityLab(LabPanel):
         fig.update_yaxes(type="log", title_text="KV cache (GiB)")
         style(fig, "KV cache of a batch", COMPUTED_FROM, height=460)
         self.figure = fig
-        super().__init__([self.model, self.gpu, self.gpus, self.kv_dtype], [fig])
+        super().__init__([self.model, self.gpu, self.gpus, self.kv_cache_dtype], [fig])
 
     def measure(self) -> KVCapacity:
         return kv_capacity(self.model.value, self.gpu.value, self.gpus.value, CONTEXTS, BATCHES,
-                           kv_format=self.kv_dtype.value)
+                           kv_format=self.kv_cache_dtype.value)
 
     def draw(self) -> None:
         result = self.result

@@ -26,8 +26,9 @@ from workbench.lab.ch06.runs import (
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import MiB, measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.quality.format_sweep import BLOCK_SIZE, KV_FORMATS
+from workbench.quality.format_sweep import BLOCK_SIZE
 from workbench.quality.teacher_forcing import logits_through_cache
+from workbench_kernels.kv_quant import KV_FORMATS
 
 KV_NAMES = {"auto": "fp32 (no quantization)", "fp8_e4m3": "fp8 e4m3", "int8": "int8 + scale per token/head",
             "int4": "int4 + scales per 32 values"}

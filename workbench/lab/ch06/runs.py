@@ -30,7 +30,6 @@ from workbench.models.registry import shipped_source
 from workbench.progress import ProgressFn, no_progress
 from workbench.quality.format_sweep import (
     BLOCK_SIZE,
-    KV_FORMATS,
     SWEEP_PATH,
     decode_tokens_per_s,
     heldout_ids,
@@ -38,7 +37,7 @@ from workbench.quality.format_sweep import (
 )
 from workbench.quality.teacher_forcing import compare_logits, logits_through_cache
 from workbench.timing import describe_machine
-from workbench_kernels.kv_quant import cache_shapes
+from workbench_kernels.kv_quant import KV_FORMATS, cache_shapes
 
 WEIGHT_NAMES = {"fp32": "fp32", "int8": "int8 linears", "int8_all": "int8 linears + LM head", "bf16": "bfloat16",
                 "q4_1": "GGUF Q4_1 as shipped", "q8_0": "GGUF Q8_0"}

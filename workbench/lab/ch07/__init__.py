@@ -2,10 +2,10 @@
 
     runs.py           measurements without widgets: the book's arithmetic redone, today's vLLM names and counters,
                       AcceptanceRun (both proposers on a task set beside plain decoding), BatchRun (the same at
-                      several batch sizes); the runs themselves are engine-side (workbench.spec.experiments)
+                      several batch sizes); the runs themselves are engine-side (workbench.spec_experiments)
     trace.py          one request pass by pass (RequestTrace) and its token-coloured HTML view
     trees.py          chain vs static tree vs dynamic tree at one verification budget (TreeComparison;
-                      engine-side: workbench.spec.tree_compare)
+                      engine-side: workbench.spec_experiments.tree_compare)
     panels.py         ForwardCostLab, TokenTraceLab, AcceptanceLab
     panels_sweeps.py  KSweepLab, BatchLab, SamplingLab
     panels_trees.py   TreeLab

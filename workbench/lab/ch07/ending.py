@@ -10,11 +10,11 @@ from workbench.lab.kit.closing import ClosingTable, Takeaway
 from workbench.lab.kit.contention import Contention, busy_takeaway
 from workbench.lab.kit.evidence import Evidence
 from workbench.lab.kit.exercises import Exercise
-from workbench.spec.experiments.forward_cost import ForwardCurve
-from workbench.spec.experiments.methods import PROPOSERS
-from workbench.spec.experiments.sampling_check import SamplingCheck
 from workbench.spec.stats import expected_tokens_per_pass
 from workbench.spec.theory import best_k, break_even_alpha
+from workbench.spec_experiments.forward_cost import ForwardCurve
+from workbench.spec_experiments.methods import PROPOSERS
+from workbench.spec_experiments.sampling_check import SamplingCheck
 
 LOOKUP, HEAD = "prompt lookup", "trained draft"
 SEED_THRESHOLD = 0.70  # the book's "below ~70% acceptance it may not pay"

@@ -4,7 +4,7 @@
 free); ``TokenTraceLab`` shows one request's drafts, accepted and rejected, token by token; ``AcceptanceLab``
 runs a task set with both proposers beside plain decoding and plots acceptance by draft position against
 independent acceptance at the measured α, and each proposer's speedup against the model's prediction. Runs
-live in `workbench.spec.experiments`, `workbench.lab.ch07.runs` and `workbench.lab.ch07.trace`; this module turns
+live in `workbench.spec_experiments`, `workbench.lab.ch07.runs` and `workbench.lab.ch07.trace`; this module turns
 controls into runs and runs into figures. Each panel measures when asked (``.run()``, first display, or
 ``.result``).
 """
@@ -21,8 +21,8 @@ from workbench.lab.ch07.trace import ACCEPTED, REJECTED, UNTESTED, RequestTrace,
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.spec.experiments.forward_cost import POSITIONS, ForwardCurve, forward_curve
-from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS
+from workbench.spec_experiments.forward_cost import POSITIONS, ForwardCurve, forward_curve
+from workbench.spec_experiments.methods import PLAIN, PROPOSERS, TASKS
 
 COLORS = {"prompt lookup": "#1f77b4", "trained draft": "#ff7f0e", PLAIN: "#7f7f7f"}
 TEMPERATURES = [("0 (greedy)", 0.0), ("0.7", 0.7), ("1.0", 1.0)]

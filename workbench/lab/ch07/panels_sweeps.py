@@ -4,7 +4,7 @@
 E(α, K) / (r(K) + K·c) through the measurements, with α and c pooled from the runs and r(K) from the measured
 forward curve; ``BatchLab`` runs both proposers at batch 1, 4 and 16 and sets each measured speedup beside the
 model at that batch (where verification stops being free); ``SamplingLab`` is the chi-square check that
-speculative sampling leaves the distribution unchanged (`workbench.spec.experiments.sampling_check`).
+speculative sampling leaves the distribution unchanged (`workbench.spec_experiments.sampling_check`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from workbench.lab.ch07.runs import BatchRun, batch_run
 from workbench.lab.kit.figures import set_trace, style
 from workbench.lab.kit.notebook import measured_on
 from workbench.lab.kit.panel import LabPanel
-from workbench.spec.experiments.compare import Comparison, compare
-from workbench.spec.experiments.forward_cost import ForwardCurve
-from workbench.spec.experiments.methods import PLAIN, PROPOSERS, task_prompts
-from workbench.spec.experiments.sampling_check import CHECK_PROPOSERS, VOCAB, SamplingCheck, sampling_check
 from workbench.spec.theory import best_k, speedup
+from workbench.spec_experiments.compare import Comparison, compare
+from workbench.spec_experiments.forward_cost import ForwardCurve
+from workbench.spec_experiments.methods import PLAIN, PROPOSERS, task_prompts
+from workbench.spec_experiments.sampling_check import CHECK_PROPOSERS, VOCAB, SamplingCheck, sampling_check
 
 K_MAX = 12
 MEASURED, MODEL, TEXTBOOK, BEST = ("measured", "model: E ÷ (r(K) + K·c), r from the forward curve",

@@ -1,7 +1,7 @@
 """Chapter 7's measurements and what it computes, without widgets: the book's arithmetic redone, today's vLLM
 names for the same counters, and the result objects the panels, the prose and the closing table read
 (`AcceptanceRun`: one task set with both proposers beside plain decoding; `BatchRun`: the same at several batch
-sizes). The runs themselves live engine-side in `workbench.spec.experiments`.
+sizes). The runs themselves live engine-side in `workbench.spec_experiments`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from workbench.lab.kit.baseline import Baseline
 from workbench.lab.kit.feasibility import DEVICES, check, smallest_feasible
 from workbench.models import model_spec
 from workbench.roofline import count_step, decode_work
-from workbench.spec.experiments.compare import Comparison, compare
-from workbench.spec.experiments.forward_cost import ForwardCurve
-from workbench.spec.experiments.methods import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.spec.stats import SpecCounters, expected_draft_acceptance, expected_tokens_per_pass
 from workbench.spec.theory import break_even_alpha, pass_timeline, speedup
+from workbench.spec_experiments.compare import Comparison, compare
+from workbench.spec_experiments.forward_cost import ForwardCurve
+from workbench.spec_experiments.methods import PLAIN, PROPOSERS, TASKS, task_prompts
 from workbench.timing import describe_machine
 
 __all__ = ["PLAIN", "PROPOSERS", "TASKS", "AcceptanceRun", "BatchRun", "VLLM_NAMES", "acceptance_run", "batch_run",

@@ -1,6 +1,6 @@
 """One request, pass by pass: what the proposer drafted, what the target accepted, and what it added itself.
 
-The engine runs a single request while the proposer's drafts are recorded (`workbench.spec.experiments.methods
+The engine runs a single request while the proposer's drafts are recorded (`workbench.spec_experiments.methods
 .TimedProposer`); each step's output delta and the step record's accepted count say how each draft fared. The
 HTML view colours every token by its fate, so a reader sees the accepted runs and the rejections without a
 kernel: it is stored with the panel's status line.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from workbench.config import SamplingParams
-from workbench.spec.experiments.methods import PLAIN, TimedProposer, make_engine
+from workbench.spec_experiments.methods import PLAIN, TimedProposer, make_engine
 
 ACCEPTED, REJECTED, UNTESTED, CORRECTION, BONUS, PLAIN_TOKEN = (
     "#c7e9c0", "#fcbba1", "#e0e0e0", "#fdd49e", "#c6dbef", "transparent")

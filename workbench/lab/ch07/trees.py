@@ -1,7 +1,7 @@
 """Chain against token trees at the same verification budget, for section 8 of the chapter: a chain of K drafts,
 a static tree of K nodes and a dynamic (EAGLE-2-style) tree of K nodes all verify K + 1 positions per target
-pass; which turns them into more tokens? The comparison itself is engine-side
-(`workbench.spec.tree_compare.compare_layouts`, also run by ``benchmarks/bench_spec_decode.py``); this module
+pass; which turns them into more tokens? The comparison itself is
+`workbench.spec_experiments.tree_compare.compare_layouts` (also run by ``benchmarks/bench_spec_decode.py``); this module
 picks the chapter's workload and shapes the result the panel, the prose and the closing table read.
 """
 
@@ -15,7 +15,7 @@ from workbench.config import CacheConfig, SchedulerConfig, SpecConfig
 from workbench.data import load_prompts
 from workbench.engine.llm_engine import LLMEngine
 from workbench.lab.kit.evidence import Evidence
-from workbench.spec.tree_compare import compare_layouts, layouts_at_budget
+from workbench.spec_experiments.tree_compare import compare_layouts, layouts_at_budget
 
 COLUMNS = ["positions", "passes", "tokens_per_pass", "expected_tokens", "expected_from_probe", "alpha_depth1",
            "draft_ms", "verify_ms", "r", "speedup"]
@@ -23,7 +23,7 @@ COLUMNS = ["positions", "passes", "tokens_per_pass", "expected_tokens", "expecte
 
 @dataclass(slots=True)
 class TreeComparison:
-    """One row per layout (plain decoding first), columns as in `workbench.spec.tree_compare`."""
+    """One row per layout (plain decoding first), columns as in `workbench.spec_experiments.tree_compare`."""
 
     budget: int
     num_prompts: int

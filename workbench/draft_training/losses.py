@@ -1,4 +1,4 @@
-"""Batches and losses for training the draft (`workbench.spec.draft_training`).
+"""Batches and losses for training the draft (`workbench.draft_training`).
 
 The EAGLE head drafts its 2nd..k-th tokens from its *own* predicted features, which it never sees if trained
 only on the target's features. So training unrolls it (as EAGLE-3's "training-time test" does): step s feeds
@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from workbench.draft_training.data import DraftSample
 from workbench.spec.draft_head import DraftModule
-from workbench.spec.draft_training.data import DraftSample
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ decode speeds: tokens after each request's first, over the time from its group's
 Three ratios come out of the engine's own records and feed `workbench.spec.theory`: α from the per-request
 `SpecCounters`, the draft cost ratio c (time spent proposing per draft step, over a plain decode step) and the
 verification cost ratio r (a speculative step's target forward, over a plain decode step). The proposer is
-timed by wrapping the engine's own, which changes nothing it does. `workbench.spec.experiments.compare` puts the
+timed by wrapping the engine's own, which changes nothing it does. `workbench.spec_experiments.compare` puts the
 methods side by side.
 """
 

@@ -1,6 +1,6 @@
 """Train the speculative-decoding draft for SmolLM2-135M on this CPU, from nothing but the target itself.
 
-    .venv/bin/python -m workbench.spec.draft_training --seed 0 --out datasets/drafts/smollm2-135m-draft.safetensors
+    .venv/bin/python -m workbench.draft_training --seed 0 --out datasets/drafts/smollm2-135m-draft.safetensors
 
 End to end (a greedy and a sampled engine answer to each prompt of ``datasets/prompts/draft_train.json``,
 target features, training, the held-out acceptance on ``datasets/prompts/draft_heldout.json``) in about 28
@@ -21,11 +21,9 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from workbench.models.llama import LlamaModel
-from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, DraftModule, EagleDraftHead, build_draft, save_draft
-from workbench.spec.draft_training.data import DraftSample, add_taps, build_samples, draft_vocabulary, greedy_agreement
-from workbench.spec.draft_training.evaluate import acceptance_on_samples, evaluate_acceptance
-from workbench.spec.draft_training.losses import (
+from workbench.draft_training.data import DraftSample, add_taps, build_samples, draft_vocabulary, greedy_agreement
+from workbench.draft_training.evaluate import acceptance_on_samples, evaluate_acceptance
+from workbench.draft_training.losses import (
     LossWeights,
     eagle_loss,
     layers_loss,
@@ -34,6 +32,8 @@ from workbench.spec.draft_training.losses import (
     restrict_to_vocab,
     vocab_index,
 )
+from workbench.models.llama import LlamaModel
+from workbench.spec.draft_head import DEFAULT_DRAFT_PATH, DraftModule, EagleDraftHead, build_draft, save_draft
 
 __all__ = ["TrainConfig", "evaluate_acceptance", "init_draft", "main", "train_draft"]
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     draft, log = train_draft(target, samples, cfg)
     train_wall = time.perf_counter() - t0
     command = " ".join(sys.argv[1:] if argv is None else argv)
-    meta = {"seed": args.seed, "command": f"python -m workbench.spec.draft_training {command}",
+    meta = {"seed": args.seed, "command": f"python -m workbench.draft_training {command}",
             "train_prompts": "datasets/prompts/draft_train.json", "max_tokens": args.max_tokens,
             "epochs": cfg.epochs, "unroll": cfg.unroll, "init_layers": list(init), "steps": log["steps"],
             "lr": cfg.lr, "sampled_answers": args.sampled_answers, "sampled_max_tokens": args.sampled_max_tokens,

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from workbench.cache.contiguous import ContiguousKVCache
+from workbench.draft_training.data import DraftSample, build_samples
 from workbench.models.llama import LlamaModel
 from workbench.spec.draft_head import DraftModule
-from workbench.spec.draft_training.data import DraftSample, build_samples
 from workbench.spec.stats import SpecCounters
 
 

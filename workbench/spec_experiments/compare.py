@@ -1,6 +1,6 @@
 """Plain decoding and each proposer over the same requests, in one run: the comparison chapter 7 is built on.
 
-`compare` creates one engine per method (`workbench.spec.experiments.methods`), warms each up, then sends the prompts
+`compare` creates one engine per method (`workbench.spec_experiments.methods`), warms each up, then sends the prompts
 group by group (``batch`` at a time), every method in turn for each group, so load that changes during the run
 hits all methods alike. `Comparison` turns the runs into the chapter's frames: per method (speed, speedup,
 counts, α, tokens per pass beside the formula, the cost ratios c and r, and the speedup the model predicts
@@ -18,7 +18,9 @@ from workbench.config import SamplingParams
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.outputs import RequestOutput
 from workbench.prompts import encode_prompt
-from workbench.spec.experiments.methods import (
+from workbench.spec.stats import SpecCounters, expected_tokens_per_pass
+from workbench.spec.theory import speedup
+from workbench.spec_experiments.methods import (
     PLAIN,
     PROPOSERS,
     MethodRun,
@@ -29,8 +31,6 @@ from workbench.spec.experiments.methods import (
     step_times,
     warm_up,
 )
-from workbench.spec.stats import SpecCounters, expected_tokens_per_pass
-from workbench.spec.theory import speedup
 
 
 @dataclass(slots=True)

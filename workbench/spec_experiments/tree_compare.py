@@ -8,7 +8,8 @@ only as many as it is deep (each reading a whole frontier at once).
 
 `compare_layouts` runs each layout through an engine on the same prompts (greedy, so every layout must
 reproduce plain decoding's tokens, which it checks) and returns one row per layout. It is handed a factory,
-``make_engine(spec_config) -> LLMEngine`` (None: plain decoding), because this package sits below the engine:
+``make_engine(spec_config) -> LLMEngine`` (None: plain decoding), so the caller picks the model, draft and
+scheduler:
 
     def make_engine(spec):
         return LLMEngine(model, tokenizer, spec_config=spec, draft_model=draft if spec else None,
