@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from notebook_outputs import check_stored_figures  # noqa: E402
 
 SIZE_LIMIT = 1 << 20
+SLOW_CELL_S = 3.0  # cells at least this slow are listed with their time
 KERNEL = "python3"
 
 
@@ -76,16 +77,37 @@ def busy_outputs(nb) -> int:
                for output in cell.get("outputs", []))
 
 
+def cell_seconds(nb) -> list[tuple[str, float]]:
+    """Each code cell's first line and its run time, from nbclient's timing metadata, which this removes again (it
+    would change on every refresh): the refresh prints the slow ones so that a cell's promised time can be checked."""
+    from datetime import datetime
+
+    times = []
+    for cell in nb.cells:
+        timing = cell.get("metadata", {}).pop("execution", None)
+        if cell.cell_type != "code" or not timing:
+            continue
+        start, end = timing.get("iopub.execute_input"), timing.get("shell.execute_reply")
+        if start and end:
+            seconds = (datetime.fromisoformat(end.replace("Z", "+00:00"))
+                       - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+            times.append((cell.source.splitlines()[0] if cell.source else "", seconds))
+    return times
+
+
 def refresh(path: Path) -> float:
     nb = nbformat.read(path, as_version=4)
     tag_checked_cells(nb)
     os.environ["WORKBENCH_REQUIRE_PNG"] = "1"  # inherited by the kernel
-    client = NotebookClient(nb, timeout=600, kernel_name=KERNEL, record_timing=False, store_widget_state=False,
+    client = NotebookClient(nb, timeout=600, kernel_name=KERNEL, record_timing=True, store_widget_state=False,
                             resources={"metadata": {"path": str(HERE)}})
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)
+    for first_line, seconds in cell_seconds(nb):
+        if seconds >= SLOW_CELL_S:
+            print(f"  {seconds:5.1f} s  {first_line[:100]}", file=sys.stderr)
     nb.metadata["kernelspec"] = kernelspec_metadata()
     record_run(nb, elapsed)
     busy = busy_outputs(nb)
