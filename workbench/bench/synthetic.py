@@ -1,7 +1,7 @@
 """Synthetic load for the load drivers (`workbench.bench.drive`): random-token prompts with forced output lengths.
 
 Random tokens make every request's length exact and its prefix uncached, so a run measures batching and not the
-model's choice of when to stop: chapter 5's panels and tests/test_load_drivers.py build their workloads here.
+model's choice of when to stop: chapter 5's panels and tests/bench/test_load_drivers.py build their workloads here.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class GroupedPagedAttention:
 class WindowedDenseAttention:
     """The reference for windowed layers: one whole sequence per forward, no cache, each layer attending causally
     within its own window (``windows[layer]``, None for full attention). The engine's grouped path must give the
-    same tokens (tests/test_hybrid_engine.py); the what-if's perplexity reads every position's logits from it."""
+    same tokens (tests/engine/test_hybrid_engine.py); the what-if's perplexity reads every position's logits from it."""
 
     def __init__(self, windows: tuple[int | None, ...], scale: float):
         self.windows, self.scale = windows, scale

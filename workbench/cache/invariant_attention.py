@@ -8,7 +8,7 @@ running max, sum and output unchanged.
 
 Every tile of every sequence in the forward goes through one batched product per key block: a batched matrix
 product computes each batch entry with the same kernel whatever the number of entries (checked in
-tests/test_batch_invariant.py), so batching the tiles keeps them invariant and costs one Python loop over key
+tests/engine/test_batch_invariant.py), so batching the tiles keeps them invariant and costs one Python loop over key
 blocks per layer. Slower than the fused kernels all the same; chapter 10 measures by how much.
 """
 

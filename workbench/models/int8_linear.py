@@ -121,7 +121,7 @@ def _scripted(fn):
     interpreter runs the same operators without it. Measured at 1 x 576 -> 576 (2 threads): 98 us per product
     in Python, 54 us scripted, 36 us for fbgemm's call alone; 120 products per decode step make that ~5 ms per
     step. ``torch.compile`` was slower still (154 us: its guards and wrapper per call). Same operators, same
-    results, bit for bit (`tests/test_int8_weights.py`)."""
+    results, bit for bit (`tests/engine/test_int8_weights.py`)."""
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*torch.jit.script.*deprecated.*")

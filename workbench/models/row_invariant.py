@@ -18,7 +18,7 @@ The mode fixes the *shape* of every reduction a row takes part in, whatever its 
   from the cache (blocks past a row's position are masked to exactly zero weight and change nothing);
 - norms, RoPE and activations already reduce within a row only.
 
-Attention: `workbench.cache.invariant_attention`. Checked by tests/test_batch_invariant.py: bit-identical
+Attention: `workbench.cache.invariant_attention`. Checked by tests/engine/test_batch_invariant.py: bit-identical
 logits for one request alone and inside varied batches, with chunked prefill, prefix hits, preemption and every
 KV format. It costs throughput (padding, and products split into tiles): chapter 10 measures how much. The same
 rules would make the Triton kernels batch-invariant on a GPU (fixed split sizes, no split-K chosen by batch

@@ -6,7 +6,7 @@ server) and histogram buckets follow vLLM's V1 ``PrometheusStatLogger`` (vLLM 0.
 are in tokens, times in seconds, ``kv_cache_usage_perc`` is a fraction (1 = full). Each server owns its
 ``CollectorRegistry`` (with the process and platform collectors vLLM's default registry carries), so several
 servers (or test fixtures) in one process never share or clash over series. A few series come from newer vLLM, for
-the dashboards vLLM ships in examples/observability (tests/test_prometheus_real.py asks them all):
+the dashboards vLLM ships in examples/observability (tests/monitoring/test_prometheus_real.py asks them all):
 ``prompt_tokens_by_source``, ``prompt_tokens_cached_by_source``, ``request_prefill_kv_computed_tokens`` and
 ``engine_sleep_state``.
 

@@ -11,7 +11,7 @@ small model's blocks fall. Two series vLLM has no name for: the disk tier's usag
 (a full disk), as ``workbench:`` series.
 
 Only registered when the engine has a tier: a server without one exports none of these (as vLLM without a
-connector), which tests/test_prometheus_real.py checks.
+connector), which tests/monitoring/test_prometheus_real.py checks.
 """
 
 from __future__ import annotations

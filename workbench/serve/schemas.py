@@ -13,7 +13,7 @@ returns them by default), ``echo`` and vLLM's ``prompt_logprobs`` (each prompt t
 of prompts, ``request_id`` and the chat-template options.
 Nothing is dropped silently: every field of vLLM's current request schemas is honoured, refused with a 400
 naming it, or listed with the reason it cannot change the answer (`workbench.serve.vllm_fields`, checked against
-vLLM's own field lists by tests/test_vllm_field_coverage.py).
+vLLM's own field lists by tests/serve/test_vllm_field_coverage.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 accepted because it changes nothing for this engine (as it changes nothing in vLLM serving this model).
 
 vLLM's own field lists, with the commits they were read at, are data (``datasets/vllm/request_fields.json``), and
-``tests/test_vllm_field_coverage.py`` fails when one of its fields is in none of the three groups: a client never
+``tests/serve/test_vllm_field_coverage.py`` fails when one of its fields is in none of the three groups: a client never
 gets an answer that silently left out something it asked for.
 
 - *Honoured* fields are declared in the request models (`workbench.serve.schemas`), with vLLM's meaning.

@@ -4,7 +4,7 @@ in a fraction of the time; a server of another KV format on the same directory f
 
 The servers run in this process (`workbench.serve.launch.ServerThread`), each over a new engine: what a restarted
 ``workbench serve --kv-offload disk --kv-offload-dir DIR`` finds is exactly what the new engine finds, since the
-tier keeps nothing but its files. tests/test_kv_offload_serve.py restarts the real server process.
+tier keeps nothing but its files. tests/serve/test_kv_offload_serve.py restarts the real server process.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import pytest
 from monitoring_helpers import MODEL, tiny_engine, tiny_server
 from prometheus_client.parser import text_string_to_metric_families
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "datasets" / "grafana" / "kv_workbench_serving.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "datasets" / "grafana" / "kv_workbench_serving.json"
 METRIC = re.compile(r"vllm:[A-Za-z0-9_:]+")
 
 

@@ -27,7 +27,7 @@ from monitoring_helpers import MODEL, tiny_engine, tiny_server
 
 from workbench.fleet.processes import ChildProcess, free_port
 
-DATASETS = Path(__file__).resolve().parents[1] / "datasets" / "grafana"
+DATASETS = Path(__file__).resolve().parents[2] / "datasets" / "grafana"
 DASHBOARD = DATASETS / "kv_workbench_serving.json"
 VLLM_DASHBOARDS = DATASETS / "vllm_example_dashboard_exprs.json"
 NEEDS_HISTORY = ("[1h] offset 5m",)

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import MODEL, make_engine, running_server, wait_idle
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LMEVAL_PYTHON = ROOT / ".venv-lmeval" / "bin" / "python"
 TOLERANCE = 1e-3  # nats per sample (fp32 on both sides)
 

@@ -29,7 +29,7 @@ from serve_helpers import make_engine, metric_total, running_server, scrape, wai
 import workbench
 from workbench.config import SchedulerConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ST = ROOT / ".venv-schemathesis" / "bin" / "st"
 KEY = "fuzz-key"
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,"

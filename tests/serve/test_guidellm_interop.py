@@ -32,7 +32,7 @@ from workbench.models.registry import checkpoint_dir
 from workbench.monitoring.promql import histogram_quantile
 from workbench.monitoring.scrape import parse_exposition
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GUIDELLM = ROOT / ".venv-guidellm" / "bin" / "guidellm"
 WORKBENCH = Path(sys.executable).with_name("workbench")  # the entry point of the venv running the tests
 TTFT = "vllm:time_to_first_token_seconds"

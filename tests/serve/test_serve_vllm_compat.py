@@ -164,7 +164,7 @@ SKY = [{"role": "user", "content": "Answer with one word: what color is the sky?
 
 def test_sampling_extensions_are_honoured(server, real_model, tokenizer):
     """min_tokens, include_stop_str_in_output and the penalties change the answer the way the engine's own
-    (transformers-checked, tests/test_sampling_fields.py) sampling does."""
+    (transformers-checked, tests/engine/test_sampling_fields.py) sampling does."""
     from workbench.config import SamplingParams
     from workbench.engine.llm_engine import LLMEngine
 

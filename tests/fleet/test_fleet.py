@@ -2,7 +2,7 @@
 included), after a failed start and after an interrupted one; clear errors for a missing router and a taken port.
 
 The tests that need running replicas share one small fleet (two replicas of the real model, one core each) and
-are in tests/test_fleet_routing.py; the ones here start no model, except the first, which starts the fleet once
+are in tests/fleet/test_fleet_routing.py; the ones here start no model, except the first, which starts the fleet once
 end to end.
 """
 

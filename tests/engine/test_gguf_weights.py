@@ -1,6 +1,6 @@
 """GGUF block weights (q4_1, q8_0): the format against the gguf package, the CPU products (C++ extension, torch's
 packed int4 kernel, reference) and the extension's build and fallbacks, its decode attention, and the Triton
-kernel (interpreted here). Whole models: tests/test_gguf_model.py.
+kernel (interpreted here). Whole models: tests/engine/test_gguf_model.py.
 
 Tolerances come from the format: every weight is the float32 number the dequantized checkpoint holds, so a product
 differs from ``F.linear`` on the dequantized weights only by float32 rounding of its sums, bounded here by a

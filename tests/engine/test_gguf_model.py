@@ -1,7 +1,7 @@
 """GGUF weight formats on whole models: the real model's q4_1 blocks are the file's and its logits the float
 model's to float32 rounding (prefill through the C++ products, decode through the fused C++ layers), the fused
 layers against the plain forward in generate and in the paged engine, sizes, q8_0's rounding, the CLI, and on a
-GPU the Triton path under CUDA graphs. The blocks and products themselves: tests/test_gguf_weights.py.
+GPU the Triton path under CUDA graphs. The blocks and products themselves: tests/engine/test_gguf_weights.py.
 
 Logits through 30 layers differ from the float model's by a few 1e-5 (largest logit ~30): float32 rounding of
 sums taken in another order, layer after layer.
