@@ -25,8 +25,8 @@ def test_seed_planning_and_prefill_floor():
 
 def test_the_fault_is_a_burst_on_top_of_the_steady_load():
     steady, burst = ch08.dashboard_load(FAULTS[1]), ch08.dashboard_load(FAULTS[0])
-    assert len(steady) == 60 and len(burst) == 68
-    assert [len(r.prompt) for r in burst if r.tags["kind"] == "burst"] == [1500] * 8
+    assert len(steady) == 60 and len(burst) == 76
+    assert [len(r.prompt) for r in burst if r.tags["kind"] == "burst"] == [1500] * 16
 
 
 def test_server_dashboard_latency_grafana_and_stop(tokenizer):
@@ -38,7 +38,7 @@ def test_server_dashboard_latency_grafana_and_stop(tokenizer):
         dash = ch08.DashboardLab(server.url, "test", fault=FAULTS[0])
         assert not dash.measured  # measures when asked, not when built
         run = dash.run().result
-        assert run.completed == 68 and run.failed == 0 and run.has_burst
+        assert run.completed == 76 and run.failed == 0 and run.has_burst
         p = run.panels
         assert run.peak_waiting >= 1 and run.peak_kv_usage > 0.1 and p["running"].iloc[-1] == 0
         assert trace_names(dash.figures[0]) == list(GRID)
@@ -48,13 +48,13 @@ def test_server_dashboard_latency_grafana_and_stop(tokenizer):
         latency = ch08.token_latency(run)
         # one TPOT per request with >= 2 tokens, one ITL per gap; no speculation: at most one token per chunk
         # (a chunk may hold two when the detokenizer waits for a whole character of the random model's bytes)
-        assert len(latency.tpot_ms) == 68 and len(latency.itl_ms) > len(latency.tpot_ms)
+        assert len(latency.tpot_ms) == 76 and len(latency.itl_ms) > len(latency.tpot_ms)
         assert 0.9 < latency.chunks_per_token <= 1.0
         # a per-request average cannot exceed the request's largest gap: TPOT's max <= ITL's max
         assert latency.tpot_ms.max() <= latency.itl_ms.max() + 1e-6
         assert list(latency.stats().index) == ["TPOT (per request)", "ITL (per gap)"]
         fig = latency_figure(latency, "test")
-        assert len(trace(fig, TPOT).x) == 68 and len(trace(fig, ITL).x) == len(latency.itl_ms)
+        assert len(trace(fig, TPOT).x) == 76 and len(trace(fig, ITL).x) == len(latency.itl_ms)
     finally:
         server.stop()
     assert not server.port_open()

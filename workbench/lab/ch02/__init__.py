@@ -16,7 +16,8 @@ budget (LRU on the engine, LFU beside it in a simulator).
     panels_parallel.py   tp_figure (computed, no controls)
     architectures.py     the KV cache of 2025-26 architectures by layer group (ArchitectureSizes), the engine's
                          KV-group allocator live (SlidingRun), the window what-if (WhatIf: stored and live)
-    panels_architectures.py  ArchitectureLab, WindowWhatIfLab, sliding_figure, whatif_figure
+    panels_architectures.py  ArchitectureLab, architecture_reading (its status), WindowWhatIfLab, sliding_figure,
+                             whatif_figure
     ending.py            the exercises and the closing table
     on_gpu.py           the stored GPU measurement of this chapter beside this device's (on_gpu)
 """
@@ -48,4 +49,5 @@ __getattr__, __dir__ = lazy_exports(__name__, {
     "whatif_reading": "architectures",
     "ArchitectureLab": "panels_architectures", "WindowWhatIfLab": "panels_architectures",
     "sliding_figure": "panels_architectures", "whatif_figure": "panels_architectures",
+    "architecture_reading": "panels_architectures",
 })

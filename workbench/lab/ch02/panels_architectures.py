@@ -40,6 +40,20 @@ def _kind(group: str) -> str:
     return group.split()[0]
 
 
+def architecture_reading(sizes: ArchitectureSizes) -> str:
+    """The Llama-3.1-70B against DeepSeek-V3 comparison in words, per GPU at the result's tensor-parallel degree."""
+    context = int(sizes.frame["context"].iloc[0])
+    llama, mla = sizes.per_token("llama-3.1-70b", context), sizes.per_token("deepseek-v3", context)
+    where = "on one GPU (TP 1)" if sizes.tp == 1 else f"on each of {sizes.tp} GPUs (TP {sizes.tp})"
+    split = (" (TP splits the Llama's 8 KV heads across ranks but copies MLA's single latent to every rank)"
+             if sizes.tp > 1 else "")
+    return (f"At {context:,} tokens, {where}: Llama-3.1-70B holds {llama / 1024:,.0f} KiB per token of context, "
+            f"DeepSeek-V3's MLA {mla / 1024:,.0f} KiB, the Llama <b>{llama / mla:.1f}x</b> the MLA model's{split}; "
+            f"90% of an 80 GB GPU, were it all KV (the weights are not counted), holds "
+            f"{sizes.sequences('llama-3.1-70b', context):,} against {sizes.sequences('deepseek-v3', context):,} "
+            "of their sequences.")
+
+
 class ArchitectureLab(LabPanel):
     """Bytes per sequence by layer group, and sequences that fit, for every architecture at one context."""
 
@@ -80,14 +94,7 @@ class ArchitectureLab(LabPanel):
             set_trace(self.figure, "sequences", y=models, x=counts, text=[f"{c:,}" for c in counts])
             self.figure.layout.title.text = (f"The KV cache of 2025-26 architectures at {context:,} tokens "
                                              f"({sizes.kv_cache_dtype}, TP {sizes.tp})")
-        llama, mla = sizes.per_token("llama-3.1-70b", context), sizes.per_token("deepseek-v3", context)
-        split = (" (TP splits the Llama's 8 KV heads across ranks but copies MLA's single latent to every rank)"
-                 if sizes.tp > 1 else "")
-        self.status.value = (
-            f"At {context:,} tokens, on one GPU (TP {sizes.tp}): Llama-3.1-70B holds {llama / 1024:,.0f} KiB per "
-            f"token of context, DeepSeek-V3's MLA {mla / 1024:,.0f} KiB, the Llama <b>{llama / mla:.1f}x</b> the "
-            f"MLA model's{split}; 90% of an 80 GB GPU holds {sizes.sequences('llama-3.1-70b', context):,} against "
-            f"{sizes.sequences('deepseek-v3', context):,} of their sequences.")
+        self.status.value = architecture_reading(sizes)
 
     def stored_tables(self) -> list[tuple[str, pd.DataFrame]]:
         sizes: ArchitectureSizes = self.result

@@ -38,14 +38,14 @@ from workbench.progress import ProgressFn, no_progress
 A100_BF16_PEAK = 312e12  # dense bf16 FLOP/s of an A100 (NVIDIA's datasheet)
 WINDOW_S = 2.0
 # p99 TTFT against the median of its own 3 s baseline ending one window back, held 2.5 s (the rule the
-# monitoring tests check fires on a burst and stays quiet on steady load: tests/test_monitoring_live.py).
+# monitoring tests check fires on a burst and stays quiet on steady load: tests/monitoring/test_monitoring_live.py).
 RULE = ChangeAlert("p99 TTFT doubled", factor=2.0, baseline_s=3.0, gap_s=2.0, hold_s=2.5)
 BURST_AT_S = 5.0
 FAULTS = ("long-prompt burst", "none (steady load)")
 
 
 # ------------------------------------------------------------------------------------------- dashboard
-def dashboard_load(fault: str, *, steady: int = 60, rate: float = 6.0, burst: int = 8,
+def dashboard_load(fault: str, *, steady: int = 60, rate: float = 6.0, burst: int = 16,
                    burst_tokens: int = 1500) -> list:
     """Steady short requests, then (the fault) a burst of long prompts at ``BURST_AT_S`` seconds."""
     load = steady_load(steady, rate)

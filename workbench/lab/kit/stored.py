@@ -143,8 +143,8 @@ def figure_bundle(fig: go.Figure, *, png: bool = True) -> dict[str, object]:
     from the figure made readable (`workbench.lab.kit.figures.readable`: log ticks, unclipped labels, ...)."""
     from workbench.lab.kit.figures import readable
 
-    fig = readable(fig)
-    spec = json.loads(pio.to_json(fig, validate=False, remove_uids=True))
+    spec = without_unused_template_data(json.loads(pio.to_json(readable(fig), validate=False, remove_uids=True)))
+    fig = go.Figure(spec)
     bundle: dict[str, object] = {PLOTLY_MIME: spec}
     bundle["text/html"] = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"wb-fig-{next(_div_ids)}",
                                       config={"responsive": True})
@@ -152,6 +152,17 @@ def figure_bundle(fig: go.Figure, *, png: bool = True) -> dict[str, object]:
         bundle["image/png"] = base64.b64encode(image).decode("ascii")
     bundle["text/plain"] = f"<figure: {figure_title(fig)}>"
     return bundle
+
+
+def without_unused_template_data(spec: dict) -> dict:
+    """``spec`` with its template's per-trace-type defaults kept only for the trace types the figure draws. The
+    theme repeats them for all ~40 types (about 5 KB per figure, stored twice: the JSON and the HTML copy); the
+    ones a figure does not draw cannot change how it looks."""
+    template = spec.get("layout", {}).get("template", {})
+    if isinstance(template.get("data"), dict):
+        used = {trace.get("type", "scatter") for trace in spec.get("data", [])}
+        template["data"] = {kind: value for kind, value in template["data"].items() if kind in used}
+    return spec
 
 
 def figure_title(fig: go.Figure) -> str:

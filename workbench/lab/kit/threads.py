@@ -75,18 +75,30 @@ def _busy_ticks(cores: list[int]) -> tuple[int, int] | None:
     return (busy, total) if total else None
 
 
+class OthersMeter:
+    """What other processes used of this process's cores from construction to ``cores_used()``, in cores (this
+    process's own CPU time, all its threads, taken out); None where /proc/stat is absent."""
+
+    def __init__(self, cores: list[int] | None = None):
+        self.cores = cores if cores is not None else own_cores()
+        self.before = _busy_ticks(self.cores)
+        self.own_before = time.process_time()
+
+    def cores_used(self) -> float | None:
+        after, own_after = _busy_ticks(self.cores), time.process_time()
+        if self.before is None or after is None or after[1] <= self.before[1]:
+            return None
+        share = (after[0] - self.before[0]) / (after[1] - self.before[1])  # busy share of the cores' time
+        seconds = (after[1] - self.before[1]) / len(self.cores) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, share * len(self.cores) - (own_after - self.own_before) / seconds)
+
+
 def others_cores(sample_s: float = SAMPLE_S, cores: list[int] | None = None) -> float | None:
     """How many of ``cores`` (default: this process's) other processes kept busy over the next ``sample_s``
     seconds, in cores; this process's own CPU time in the window is taken out. None where /proc/stat is absent."""
-    cores = cores if cores is not None else own_cores()
-    before, own_before = _busy_ticks(cores), time.process_time()
+    meter = OthersMeter(cores)
     time.sleep(sample_s)
-    after, own_after = _busy_ticks(cores), time.process_time()
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    share = (after[0] - before[0]) / (after[1] - before[1])  # busy share of the cores' time
-    used = share * len(cores) - (own_after - own_before) / sample_s
-    return max(0.0, used)
+    return meter.cores_used()
 
 
 def choose_threads(top: int, cores: int, others: float | None) -> int:
