@@ -16,7 +16,7 @@ import pytest
 
 from workbench.fleet import launcher, processes, router
 from workbench.fleet.launcher import Fleet
-from workbench.fleet.processes import ChildProcess, PortTakenError, cpu_shares
+from workbench.fleet.processes import ChildProcess, PortTakenError, cpu_shares, still_running
 from workbench.fleet.replica import ReplicaOptions
 from workbench.fleet.router import RouterNotFoundError
 from workbench.fleet.tenants import TENANTS, tenant_prompt, tenant_workload
@@ -36,22 +36,14 @@ def process_tree(pids: list[int]) -> set[int]:
     return found
 
 
-def running(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
+
 
 
 @pytest.mark.external  # vllm-router
 def test_a_fleet_routes_a_request_and_leaves_no_process_behind():
     with Fleet(2, policy="round_robin", options=SMALL) as fleet:
         tree = process_tree(fleet.pids())
-        assert len(fleet.pids()) == 3 and running(tree) == tree
+        assert len(fleet.pids()) == 3 and still_running(tree) == tree
         ports = {int(url.rsplit(":", 1)[1]) for url in fleet.replica_urls}
         assert len(ports) == 2
         reply = httpx.post(f"{fleet.url}/v1/chat/completions", timeout=60, json={
@@ -62,9 +54,9 @@ def test_a_fleet_routes_a_request_and_leaves_no_process_behind():
         assert shares == [set(s) for s in cpu_shares(2)]
         router_pid = fleet.router.child.pid
         fleet.set_policy("cache_aware")  # a new router; the old one is gone
-        assert not running({router_pid})
+        assert not still_running({router_pid})
         tree |= process_tree(fleet.pids())
-    assert not running(tree), f"left running: {running(tree)}"
+    assert not still_running(tree), f"left running: {still_running(tree)}"
     assert not fleet.started
 
 
@@ -74,7 +66,7 @@ def test_a_router_that_fails_to_start_takes_the_replicas_down(monkeypatch):
     with pytest.raises(RuntimeError, match="router .* exited"):
         fleet.start()
     tree = {r.child.pid for r in fleet.replicas} | {fleet.router.child.pid}
-    assert len(tree) == 3 and not running(tree)
+    assert len(tree) == 3 and not still_running(tree)
 
 
 def test_an_interrupted_start_stops_what_had_started(monkeypatch):
@@ -86,7 +78,7 @@ def test_an_interrupted_start_stops_what_had_started(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         fleet.start()
     pids = {r.child.pid for r in fleet.replicas}
-    assert len(pids) == 2 and not running(pids)
+    assert len(pids) == 2 and not still_running(pids)
     assert fleet.router is None
 
 
@@ -149,7 +141,7 @@ def still_running_after(pids: set[int], timeout_s: float) -> set[int]:
     import time
 
     deadline = time.monotonic() + timeout_s
-    while (alive := running(pids)) and time.monotonic() < deadline:
+    while (alive := still_running(pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return alive
 

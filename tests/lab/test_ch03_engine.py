@@ -59,7 +59,7 @@ def _frame(reads: list[int], writes: list[int], ttft: list[float], prompt: int =
                          "cost_usd": 0.001, "ttft_ms": ttft})
 
 
-def _results(dynamic_reads: list[int], moving_reads=(0, 1300, 1500), http_input=(43, 43)):
+def _results(dynamic_reads: list[int], moving_reads=(0, 1300, 1500), http_input=(43, 43), http_reads=(0, 1104)):
     static = ch03.LayoutRun("static first", "claude-sonnet-4-5", _frame([0, 1104, 1104], [1104, 0, 0],
                                                                          [3000, 1500, 1500]), 11000)
     dynamic = ch03.LayoutRun("timestamp first", "claude-sonnet-4-5",
@@ -71,7 +71,7 @@ def _results(dynamic_reads: list[int], moving_reads=(0, 1300, 1500), http_input=
     multi = ch03.MultiTurnRun(pd.DataFrame(multi_rows))
     http = ch03.HttpUsage(pd.DataFrame({"api": ["anthropic /v1/messages"] * 2, "request": [0, 1],
                                         "input_tokens": list(http_input), "cache_write": [1104, 0],
-                                        "cache_read": [0, 1104],
+                                        "cache_read": list(http_reads),
                                         "engine_cached": [0, 1120], "prompt_tokens": [1147, 1147]}))
     return static, dynamic, multi, http, ch03.daily_economics(requests_per_day=100)
 
@@ -91,7 +91,8 @@ def test_a_result_that_contradicts_a_claim_turns_its_verdict():
 def test_every_measured_row_can_turn():
     """Row 2 is the price table's arithmetic: it turns only with other prices."""
     agree = ch03.closing_table(*_results([0, 0, 0]))
-    against = ch03.closing_table(*_results([0, 1104, 1104], moving_reads=(0, 900, 1000), http_input=(43, 0)))
+    against = ch03.closing_table(*_results([0, 1104, 1104], moving_reads=(0, 900, 1000), http_input=(43, 1104),
+                                           http_reads=(0, 0)))  # usage reported nothing cached
     assert rows_that_never_turn(agree, against) == [2]
     assert "over the warm requests" in agree.rows[2].measured and "cold" in agree.rows[2].note
 

@@ -75,6 +75,7 @@ def test_the_ending_computes_every_verdict(panels):
     assert table.verdicts[2] is Verdict.HOLDS and table.verdicts[5] is Verdict.HOLDS
     systems = ch11.systems_table(sessions.result, restart.result, costs)
     assert len(systems) == 6 and systems["published figure (source)"].iloc[-1].endswith("(this notebook)")
+    assert systems["system"].iloc[0].startswith("vLLM") and not systems.isna().any().any()  # the file parses whole
     exercises = ch11.exercises(costs, sweep, cases[-1])
     assert exercises["sessions"].check(3).correct and exercises["bandwidth"].check(-1).correct is False
     assert ch11.chapter_baseline(costs, crossover.model).prefill_tokens == 512

@@ -180,3 +180,18 @@ def _stop_all() -> None:
     for child in list(_live):
         with contextlib.suppress(Exception):
             child.stop(timeout_s=5.0)
+
+
+def still_running(pids: set[int] | list[int]) -> set[int]:
+    """The processes among ``pids`` that still run: gone ones and zombies (dead, not yet reaped by their parent)
+    are not counted."""
+    import psutil
+
+    alive = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

@@ -92,8 +92,9 @@ def exercises() -> dict[str, Exercise]:
 # Per doubling of N a linear part's time doubles and a quadratic one's quadruples: the claim is read against the
 # geometric midpoint, 2^1.5 (a log-log slope of 1.5).
 MIDPOINT_GROWTH = 2**1.5
-# A full-context sequence whose KV weighs as much as the weights in fewer sequences than this (a serving batch
-# on one node) makes context a cost of the same order as parameters.
+# A full-context sequence whose KV weighs as much as the weights in fewer sequences than this makes context a cost
+# of the same order as parameters: 64 is a modest batch for one serving node (vLLM's default max_num_seqs is
+# larger), so a node that fills it holds more KV than weights.
 SERVING_BATCH = 64
 
 
@@ -153,9 +154,13 @@ def _quadratic(layer: LayerTiming) -> Takeaway:
         f"of a SmolLM2 layer at {n:,} tokens; {overtakes}; the FLOP crossover lies inside the config's own context "
         f"for {len(inside)} of {len(names)} configs of datasets/configs ({firsts or 'none'})",
         [growth, reach], caveat=len(inside) < len(names),
-        caveat_note=f"quadratic, but the primary driver only past the FLOP crossover (tens of thousands of tokens "
-                    f"for 7B-70B models): {len(inside)} of {len(names)} configs reach it inside their context "
-                    "(the long-context ones); below it the projections and MLP cost more",
+        caveat_note=f"quadratic, but the larger part of a prefill's FLOPs only past the FLOP crossover (tens of "
+                    f"thousands of tokens for 7B-70B models): {len(inside)} of {len(names)} configs reach it inside "
+                    "their context (the long-context ones); below it the projections and MLP cost more FLOPs. Time "
+                    f"is another matter: on this device attention took {share:.0%} of the layer's time at {n:,} "
+                    f"tokens against {layer.flop_shares()[-1]:.0%} of its FLOPs (its kernel does less work per "
+                    "second than the matrix products); and a decode step is paid in bytes, where attention's cost is "
+                    "reading the KV (chapter 2)",
         wrong_note="attention's time did not grow clearly faster than linearly at these lengths, or no config "
                    "reaches its crossover inside its context")
 
@@ -225,8 +230,8 @@ def _context_cost(ttft: ContextTTFT, memory: AttentionMemory) -> Takeaway:
         f"GiB of KV, so {sequences:.0f} of them weigh as much as the weights; TTFT grew "
         f"{ttft.ttft_long_ms / ttft.ttft_short_ms:.0f}x from {ttft.shortest:,} to {ttft.longest:,} tokens; "
         f"materialised scores at {memory.tokens:,} tokens need {memory.ratio:.0f}x a fused layer's memory",
-        [Evidence.exact("full-context sequences that weigh as much as the weights", sequences, SERVING_BATCH,
-                        expect="below", unit=""),
+        [Evidence.exact(f"full-context sequences that weigh as much as the weights (a serving batch of "
+                        f"{SERVING_BATCH} holds more)", sequences, SERVING_BATCH, expect="below", unit=""),
          Evidence.repeats(f"TTFT at {ttft.longest:,} / at {ttft.shortest:,} tokens", ttft.runs_ms("ttft", -1),
                           ttft.runs_ms("ttft", 0), null=1.0)],
         wrong_note=f"here a batch of {SERVING_BATCH} full-context sequences stays below the weights")

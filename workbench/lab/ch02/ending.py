@@ -179,8 +179,9 @@ def _eviction_row(eviction: EvictionSweep, policies: PolicyComparison) -> Takeaw
         "differ most: " + ", ".join(f"{100 * g:+.0f} points ({stream})" for stream, g in gaps.items()),
         Evidence.exact("largest policy gap / budget effect on the hit rate", by_policy / by_budget, 0.5,
                        n=len(gaps), n_label=f"{len(gaps)} streams (token counts)"),
-        wrong_note="whether the working set fits matters far more than the policy: size the cache first, the "
-                   "policy is a second-order dial")
+        wrong_note="between LRU and LFU on these seeded streams, whether the working set fits matters far more "
+                   "than the policy: size the cache first (a policy that pins a fixed set of prefixes, not tested "
+                   "here, can still beat both on a stream that cycles through more prefixes than fit)")
 
 
 def closing_table(cache: CacheComparison, share: KVShare, paged: PagedTrace, prefix_history: list[PrefixRun],

@@ -73,7 +73,17 @@ def _ceiling() -> str:
             "200 and the 50-token query are never cached)")
 
 
-CHECKS = {"ttl": _ttl, "read_share": _read_share, "openai_share": _openai_share, "openai_min": _openai_min,
+def _date_never() -> str:
+    p = model_price("anthropic", SONNET)
+    write = 4000 * (p.write_5m - p.cached_input) / 1e6
+    return ("a timestamp that changes with every request never caches (section 4: the dynamic-first layout read "
+            "nothing past the template's first block); a date changes once a day, so a date-first prompt caches "
+            f"from the day's second request on, at one extra write a day (${write:.4f} for a 4,000-token "
+            f"{SONNET} prompt): 'never' holds for a timestamp, not for a date")
+
+
+CHECKS = {"date_never": _date_never, "ttl": _ttl, "read_share": _read_share, "openai_share": _openai_share,
+          "openai_min": _openai_min,
           "gemini_ttl": _gemini_ttl, "prices": _prices, "break_even": _break_even, "after_2": lambda: _after(2),
           "after_100": lambda: _after(100), "daily": _daily, "ceiling": _ceiling}
 

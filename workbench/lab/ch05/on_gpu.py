@@ -52,8 +52,9 @@ def _builder(cpu_sweep):
             + (f"; at 64 sequences a step costs "
                f"{float(at64['ms_per_step'].iloc[0]) / one['ms_per_step']:.2f}x a single sequence's."
                if not at64.empty else "."),
-            (f"Its knee (a step {KNEE_GROWTH:.2f}x the batch-1 step) is at **{found} sequences**, below the "
-             f"largest batch run ({cap}): the device sets it, not the cap." if found and found < cap else
+            (f"A step stops being nearly free (it costs {KNEE_GROWTH:.2f}x the batch-1 step) at **{found} "
+             f"sequences**, below the largest batch run ({cap}): the device sets that, not the cap; throughput "
+             "itself still grows past it." if found and found < cap else
              f"No knee within the sweep: its largest batch ({cap}) sets the limit of what was seen.")]
         if cpu_sweep is not None:
             k = cpu_sweep.knee("continuous")

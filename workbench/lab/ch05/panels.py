@@ -80,13 +80,14 @@ class ModesLab(EnginePanel):
         return [("per mode (ms)", self.result.table[cols].round(1))]
 
 
-SWEEPS = {"2 to 32 users (~1 min on 2 cores)": (2, 4, 8, 16, 32),
-          "1 to 64 users (~3 min)": (1, 2, 4, 8, 16, 32, 64)}
+SWEEPS = {"2 to 32 users (~30 s on 2 cores)": (2, 4, 8, 16, 32),
+          "1 to 64 users (a few minutes)": (1, 2, 4, 8, 16, 32, 64)}
 
 
-# A TTFT target the three modes meet at different loads in the default sweep (p90 of 0.1-0.3 s unloaded, over a
-# second at 32 users for static and dynamic): 1.5 s let two of three pass at the sweep's end.
-GOODPUT_SLO_MS = 500
+# A TTFT target the three modes meet at different loads in the default sweep: on the quiet 2-core host of
+# 2026-11-26 every mode's p90 TTFT stayed under 400 ms up to 32 users, so 500 ms separated nothing; at 200 ms
+# continuous batching keeps more users within it than static and dynamic.
+GOODPUT_SLO_MS = 200
 
 
 class ConcurrencySweepLab(EnginePanel):
@@ -99,7 +100,7 @@ class ConcurrencySweepLab(EnginePanel):
     # 48 short requests: more than the most users, so 32 users is still a closed loop, and TTFT p90 is a real
     # percentile (the 5th slowest of 48), not the slowest request renamed.
     def __init__(self, model, tokenizer, *, requests: int = 48, output_tokens: tuple[int, int] = (2, 8),
-                 concurrencies: tuple[int, ...] = SWEEPS["2 to 32 users (~1 min on 2 cores)"],
+                 concurrencies: tuple[int, ...] = SWEEPS["2 to 32 users (~30 s on 2 cores)"],
                  max_num_seqs: int | None = None, ttft_slo_ms: int = GOODPUT_SLO_MS):
         self.workload = random_requests(requests, prompt_tokens=16, output_tokens=output_tokens, seed=1,
                                         vocab_size=model.spec.vocab_size)

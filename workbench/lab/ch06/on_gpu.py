@@ -36,9 +36,12 @@ def _builder():
             change = row["tokens_per_s"] / base["tokens_per_s"] - 1
             sentences.append(f"{NAMES.get(row['kv_cache_dtype'])} fits {int(row['batch_that_fits'])} and decodes "
                              f"{row['tokens_per_s']:,.0f} ({change:+.0%});")
-        sentences.append("so the bigger batch pays off only where the format's attention kernel reads its smaller "
-                         "bytes as fast as bf16's: here barely for fp8, and not for int8 or int4, whose per-step "
-                         "cost grows faster than the batch (see RESULTS.md, quantized KV decode attention).")
+        sentences.append("whether the bigger batch pays is not established by this run: its harness warmed up at "
+                         "batch 1, and CUDA graphs are captured on first use per batch size, so these step times may "
+                         "include a capture (chapter 5's run on the same device timed much faster steps at similar "
+                         "batches). The next GPU session warms up at the measured batch; until then, the kernel "
+                         "benchmark in RESULTS.md (quantized KV decode attention) is the firmer number: fp8 and "
+                         "int8 attention steps cost about as much as bf16's, not less.")
         return fig, sentences
     return build
 

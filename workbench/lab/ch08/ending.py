@@ -107,13 +107,15 @@ def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenL
                     "that ends a window back (else the rising queue drags its own baseline up)",
         wrong_note="the rule missed the burst or fired on steady load")
     profiler = Takeaway.judged(
-        "PyTorch Profiler and Nsight are the tools for step-level investigation.",
-        f"torch.profiler over {profile.num_steps} steps: the engine's named ranges cover {profile.coverage:.0%} "
-        f"of the step; the top range is {top['range']} ({top['share']:.0%})",
+        "PyTorch Profiler and Nsight are the tools for GPU-level investigation when metrics indicate a problem.",
+        f"torch.profiler over {profile.num_steps} steps on this CPU (no GPU, so no Nsight): the engine's named ranges "
+        f"cover {profile.coverage:.0%} of the step; the top range is {top['range']} ({top['share']:.0%})",
         Evidence.exact("share of the step the named ranges cover", profile.coverage, 0.8, n=profile.num_steps,
                        n_label=f"{profile.num_steps} profiled steps", unit="%"),
-        caveat=not 0.9 <= profile.coverage <= 1.1,
-        caveat_note="the ranges leave part of the step unexplained",
+        caveat=True,
+        caveat_note="shown for the PyTorch Profiler on a CPU step; the GPU side (Nsight, device kernels, copies "
+                    "and syncs) is not measurable here"
+                    + ("" if 0.9 <= profile.coverage <= 1.1 else "; and the ranges leave part of the step unexplained"),
         wrong_note="the named ranges cover too little of the step to locate its time")
     sizing_claim = "Capacity planning should use P95/P99 inputs, not averages."
     if math.isinf(tail["mean_replicas"]):

@@ -111,8 +111,9 @@ def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: 
             "random routing gives, even across a multi-server deployment (chapter 5).",
             f"{ca.tenants} tenants x {n} users on {replicas} replicas, fleet hit rate (tokens, from each replica's "
             f"/metrics): {rates}, so cache_aware {ratio:.1f}x the best cache-blind policy (of the system prompts' "
-            f"tokens a cache-blind router reads at most (N-R)/N and cache_aware (N-1)/N, at most {bound:.2f}x apart "
-            f"with N = {n} requests per tenant and R = {replicas} replicas); each tenant's prompt was computed "
+            f"tokens round-robin reads (N-R)/N when it splits each tenant evenly and evicts nothing, cache_aware "
+            f"(N-1)/N, {bound:.2f}x apart with N = {n} requests per tenant and R = {replicas} replicas; a random "
+            "router can land above or below that); each tenant's prompt was computed "
             f"{misses['cache_aware']:.1f} times with cache_aware, {misses['round_robin']:.1f} with round_robin",
             Evidence.exact("hit rate, cache_aware minus the best cache-blind policy", ca.hit_rate - best_blind, 0.0,
                            n=ca.n, n_label=f"{ca.n} requests (token counters)", unit="pts"),
@@ -126,8 +127,10 @@ def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: 
             wrong_note="at some point of the sweep cache_aware was slower beyond the noise: with a handful of "
                        "requests in flight the router's balance threshold (64 requests) never triggers, so it pins "
                        "tenants to replicas unevenly, and the busier replica's queue costs more than the hits save",
-            unmeasurable_note="one run per point: the differences are within their requests' spread; the hit rate "
-                              "(row 1) is what routing measurably changed here"),
+            unmeasurable_note="one run per point, and the points disagree: most differences are within their "
+                              "requests' spread, and where one is outside it (the evidence names it) a single run "
+                              "cannot tell a routing effect from a queue; the hit rate (row 1) is what routing "
+                              "measurably changed here"),
         Takeaway(
             "In multi-GPU deployments the total KV cache memory is the same however it is distributed (chapter 2).",
             f"not measured for one model split across GPUs (tensor or pipeline parallel: chapter 2 computes it); "

@@ -24,6 +24,7 @@ import pandas as pd
 
 from workbench.fleet.compare import FailureRun, PolicyRun, run_policy, run_with_failure
 from workbench.fleet.launcher import Fleet
+from workbench.fleet.processes import still_running
 from workbench.fleet.replica import COUNTERS, ReplicaOptions
 from workbench.fleet.router import COMPARED, router_version
 from workbench.fleet.tenants import tenant_workload
@@ -230,13 +231,4 @@ def bench_through_router(fleet: Fleet, *, tenants: int = 3, users_per_tenant: in
 def leftover_processes(fleet: Fleet) -> list[int]:
     """Processes the fleet started (router, replicas and anything they spawned) that still run: none after
     ``fleet.close()``."""
-    import psutil
-
-    left = []
-    for pid in fleet.pids():
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return left
+    return sorted(still_running(fleet.pids()))

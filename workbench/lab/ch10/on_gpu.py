@@ -33,10 +33,13 @@ def _builder():
             f"On the {result.device}, {d['runs_with_other_logits']} of {d['runs']} runs of the same greedy request "
             f"got different logits when other requests shared its batch (largest gap {d['max_logit_gap']:.3g}); "
             f"{d['runs_diverged']} changed a token within {m['max_tokens']} tokens (up to "
-            f"{m['max_others']} others).",
+            f"{m['max_others']} others); with random weights only the logit gap means anything: whether a gap "
+            "flips a token depends on a trained model's near-ties.",
             f"In the batch-invariant mode {inv['runs_with_other_logits']} of {inv['runs']} did, at "
             f"**{speed.get(False) / speed.get(True):.0f}x** lower throughput ({speed.get(True):,.0f} against "
-            f"{speed.get(False):,.0f} tokens/s): the mode runs every step eagerly, and on a GPU launches dominate."]
+            f"{speed.get(False):,.0f} tokens/s). That ratio mixes two things: the default replays CUDA graphs and "
+            "its fused attention, the mode runs every step eagerly through its fixed-split PyTorch path; how much "
+            "of it is the fixed splits alone was not measured (a default run without graphs would say)."]
         return fig, sentences
     return build
 

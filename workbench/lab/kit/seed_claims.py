@@ -18,6 +18,8 @@ does not fit the GPU it is placed on), so each claim is recomputed, not quoted. 
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Mapping
 
 import pandas as pd
@@ -48,13 +50,37 @@ def load(chapter: str) -> pd.DataFrame:
     return frame
 
 
+def cell_labels(chapter: str) -> dict[str, str]:
+    """Each cell id of the chapter's notebook as a reader can find it: a code cell by the number its first line
+    gives it ("6.2"), a markdown cell by its section ("section 6"); this table's own cell as "this table". Cell
+    ids are not shown by JupyterLab or the docs site. Empty where the notebook is not beside the datasets."""
+    paths = sorted((DATASETS_DIR.parent / "notebooks").glob(f"{chapter}_*.ipynb"))
+    if not paths:
+        return {}
+    labels, section = {}, ""
+    for cell in json.loads(paths[0].read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            heading = re.search(r"^## (\d+)\.", source, re.MULTILINE)
+            section = heading.group(1) if heading else section
+            labels[cell.get("id", "")] = f"section {section}" if section else "the introduction"
+        else:
+            number = re.match(r"#\s*(\d+(?:\.\d+)*[a-z]?)\b", source)
+            labels[cell.get("id", "")] = number.group(1) if number else f"section {section}"
+    labels["seedclm1"] = "this table"
+    return labels
+
+
 def table(chapter: str, checks: Mapping[str, Callable[[], str]]) -> pd.DataFrame:
-    """Every claim with what this chapter finds for it: its check's answer, or where the notebook shows it."""
+    """Every claim with what this chapter finds for it: its check's answer, or where the notebook shows it (the
+    cell by the number a reader sees, `cell_labels`)."""
     frame = load(chapter)
     unknown = sorted(set(frame["check"]) - set(checks) - {""})
     if unknown:
         raise ValueError(f"{chapter}: checks {unknown} are not in the chapter's seed module")
-    found = [checks[row["check"]]() if row["check"] else f"cell {row['cell']} ({row['treatment']})"
-             for _, row in frame.iterrows()]
+    labels = cell_labels(chapter)
+    where = [labels.get(cell, f"cell {cell}") for cell in frame["cell"]]
+    found = [checks[row["check"]]() if row["check"] else f"{row['treatment']} in {place}"
+             for place, (_, row) in zip(where, frame.iterrows(), strict=True)]
     return pd.DataFrame({"the book says": frame["seed says"], "kind": frame["kind"], "treatment": frame["treatment"],
-                         "found here": found, "cell": frame["cell"]})
+                         "found here": found, "shown in": where})
