@@ -5,8 +5,9 @@ Two routes, both from numbers this workbench measures rather than typed-in const
 - ``StepCostModel.fit(engine.metrics.step_frame())``: the engine's step time as ``fixed + per prefill token +
   per decoding sequence`` (least squares over real steps). ``plan_from_step_costs`` then asks, for each decode
   batch size B, what ITL a step of B decodes (plus its share of prefill) has, how many requests per second a
-  replica sustains at that batch, and whether B requests' KV fits; the largest B that meets the ITL SLO and
-  fits sets the replica's capacity, and ``ceil(rate * headroom / capacity)`` the replica count.
+  replica sustains at that batch, and whether B requests' KV fits; among the Bs that meet the ITL SLO and fit,
+  the plan takes the one needing the fewest replicas (``ceil(rate * headroom / capacity)``), the smallest such B
+  on a tie, which keeps ITL lowest.
 - ``plan_from_sweep``: a load sweep with the benchmark client (``run_benchmark`` at several request rates)
   gives p99 TTFT and ITL per rate; the highest rate that meets both SLOs is one replica's capacity.
 

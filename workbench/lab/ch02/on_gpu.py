@@ -36,7 +36,9 @@ def _builder(cpu):
             "At short contexts that ratio is not the cache's: recomputing a short context costs the device about as "
             "much as one cached step (the weights are read once either way, and the extra arithmetic is small), "
             "so the gap there is launch overhead (an eager recompute against a replayed CUDA graph); the cache's "
-            "saving shows from a few thousand tokens on, where the recompute's arithmetic dominates."]
+            "saving shows from a few thousand tokens on, where the recompute's arithmetic dominates. Chapter 4's run "
+            "on the same device the same day timed the short prefills about half as long (the long ones agree), so "
+            "the short-context ratio here is an upper bound; the cause is not isolated."]
         if cpu is not None:
             sentences.append(f"On this device, at {cpu.prompt_tokens} tokens of context, the cache was "
                              f"{cpu.speedup:.1f}x faster at decoding.")

@@ -265,8 +265,8 @@ def chapter_baseline(runs: dict[str, LayoutRun], model) -> Baseline:
         fields |= {"prefill_cached_ms_per_token": float((later.ttft_ms / new).median()),
                    "prefill_cached_tokens": int(new.median())}
     longer = ("one request per layout at ~1,100-1,150 tokens (past Anthropic's 1,024-token caching minimum), "
-              "where chapters 1, 4 and 8 take the fastest of two at 1,024; the gap (about a third per token) is "
-              "not explained here")
+              "where chapters 1, 4 and 8 time 1,024-token prompts; the gap (about a third per token) is not "
+              "explained here")
     return Baseline(chapter="ch03", machine=describe_machine(model.device),
                     dtype=str(model.dtype).removeprefix("torch."),
                     explanations={"prefill_ms_per_token": longer, "ttft_miss_ms": "the same requests"},

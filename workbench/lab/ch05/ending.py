@@ -38,8 +38,8 @@ def exercises(sweep: ConcurrencySweep) -> dict[str, Exercise]:
             why="64 tokens take 4 blocks, and 60 // 4 = 15", hint="blocks per sequence, then integer division",
             rel_tol=0.0),
         "block_waste": Exercise(
-            "The 8 requests above each have a 32-token prompt. With block_size 128, what share of their reserved "
-            "KV slots is never written?",
+            f"The 8 requests of exercise 7.3 (outputs {lengths}) each have a 32-token prompt. With block_size 128, "
+            "what share of their reserved KV slots is never written?",
             lambda: float(block_waste([32 + n for n in lengths], (128,))["wasted_share"].iloc[0]),
             why="each sequence rounds up to whole blocks; with 128-token blocks most of each block stays empty",
             hint="block_waste(lengths, (128,))", rel_tol=0.01),

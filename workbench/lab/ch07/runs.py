@@ -97,7 +97,8 @@ def seed_arithmetic() -> pd.DataFrame:
         ("tokens per target pass, α = 0.9, K = 4", "about 3.6", f"{expected_tokens_per_pass(0.9, 4):.2f}"),
         ("speedup of its own timeline (150 ms target, 20 ms of drafting)", "3.2x", f"{line.speedup:.2f}x"),
         ("ms per token in that timeline", "~47 ms", f"{line.ms_per_token:.1f} ms"),
-        ("5 drafts, 4 accepted: tokens from the target pass", "4", f"{4 + 1} (the 4 plus the target's own)"),
+        ("5 drafts, 4 accepted: tokens from the target pass (a source summary's example, not the book's)", "4",
+         f"{4 + 1} (the 4 plus the target's own)"),
         ("acceptance below which it stops paying (K = 4, that draft)", "~70%",
          f"α = {alpha_be:.2f} (accepted ÷ drafted {expected_draft_acceptance(alpha_be, SEED_K):.2f})"),
     ]

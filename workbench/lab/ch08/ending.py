@@ -104,7 +104,8 @@ def closing_table(dashboard: DashboardRun, steady: DashboardRun, latency: TokenL
                         n_label="run", unit="")],
         caveat=True,
         caveat_note="only with a hold time (a p99 over a short window on a light load is one request) and a baseline "
-                    "that ends a window back (else the rising queue drags its own baseline up)",
+                    "that ends a window back (else the rising queue drags its own baseline up); and this run does "
+                    "not show it beating a fixed threshold, which held as long would also have paged on this burst",
         wrong_note="the rule missed the burst or fired on steady load")
     profiler = Takeaway.judged(
         "PyTorch Profiler and Nsight are the tools for GPU-level investigation when metrics indicate a problem.",

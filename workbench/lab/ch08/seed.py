@@ -20,7 +20,9 @@ def _batch_64() -> str:
     shared = seed_estimate(decode_ms_per_token=150 / 64)["ceil_result"]
     fewest, most = (seed_estimate(decode_ms_per_token=ms)["ceil_result"] for ms in (5, 10))
     return (f"a 150 ms step shared by 64 sequences is {150 / 64:.2f} ms per token: {shared} GPUs against {serial} "
-            f"(the book's '5-10 ms' gives {fewest}-{most}, and implies a step of 320-640 ms at batch 64)")
+            f"(the book's '5-10 ms' gives {fewest}-{most}, and implies a step of 320-640 ms at batch 64); but the "
+            "150 ms is a batch-1 step: at batch 64 each step also reads 64 sequences' KV, tens of GB beside the "
+            "weights' 141 GB, so the shared step is longer and the GPU count higher than this")
 
 
 def _itl_is_tpot() -> str:

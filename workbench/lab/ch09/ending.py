@@ -110,7 +110,8 @@ def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: 
             "Routing requests to the server whose cache is warm for their prefix gives hit rates far above what "
             "random routing gives, even across a multi-server deployment (chapter 5).",
             f"{ca.tenants} tenants x {n} users on {replicas} replicas, fleet hit rate (tokens, from each replica's "
-            f"/metrics): {rates}, so cache_aware {ratio:.1f}x the best cache-blind policy (of the system prompts' "
+            f"/metrics): {rates}, so cache_aware {ratio:.1f}x the best cache-blind policy (random routing itself is "
+            "not run: the cache-blind policies here are round_robin and power_of_two; of the system prompts' "
             f"tokens round-robin reads (N-R)/N when it splits each tenant evenly and evicts nothing, cache_aware "
             f"(N-1)/N, {bound:.2f}x apart with N = {n} requests per tenant and R = {replicas} replicas; a random "
             "router can land above or below that); each tenant's prompt was computed "
@@ -157,7 +158,7 @@ def closing_table(policies: dict[str, PolicyRun], sweep: pd.DataFrame, failure: 
             wrong_note="changing the policy moved the hit rate by less than 10 points here"),
         Takeaway.judged(
             "The router hides a failed worker from clients: it retries on another worker and opens a circuit "
-            "breaker (vllm-router's options: 5 retries with backoff by default).",
+            "breaker (vllm-router's options: 5 attempts (4 retries) with backoff by default).",
             f"replica {failure.killed} killed {failure.kill_s:.1f} s in ({failure.policy}, retries "
             f"{'on' if failure.retries_enabled else 'off'}): {after_ok} of {len(after)} requests sent after the "
             f"kill completed; of the {len(under_way)} under way at the kill: "

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Verdict:
-    """The outcome of one check: ``correct`` is None while unanswered."""
+    """The outcome of one check: ``correct`` is None while unanswered. Its text form (what a reader without a
+    kernel or the HTML sees) is the same sentence as ``str``, not the dataclass's field dump."""
 
     question: str
     correct: bool | None
@@ -30,6 +31,9 @@ class Verdict:
     def __str__(self) -> str:
         mark = {True: "RIGHT", False: "NOT YET", None: "TO DO"}[self.correct]
         return f"[{mark}] {self.question}\n{self.message}"
+
+    def __repr__(self) -> str:
+        return str(self)
 
     def __bool__(self) -> bool:
         return bool(self.correct)

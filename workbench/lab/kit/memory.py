@@ -30,7 +30,17 @@ def kernel_memory_bytes() -> int:
 
 def model_bytes(model: nn.Module) -> int:
     """A model's weights and buffers, and the packed copies the CPU path keeps beside them."""
-    total = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    return weight_bytes(model) + packed_bytes(model)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """The model's own parameters and buffers."""
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def packed_bytes(model: nn.Module) -> int:
+    """The copies of the weights the CPU path keeps packed for its matrix library (oneDNN), beside the weights."""
+    total = 0
     for module in model.modules():
         packed = getattr(module, "packed", None)
         if packed is not None and hasattr(packed, "element_size"):
@@ -41,7 +51,10 @@ def model_bytes(model: nn.Module) -> int:
 def memory_note(model: nn.Module | None = None) -> str:
     """One Markdown paragraph: what this kernel holds, the model's share, and how to free it."""
     held = kernel_memory_bytes() / 2**30
-    share = f", {model_bytes(model) / 2**30:.2f} GiB of it the model" if model is not None else ""
+    share = "" if model is None else (
+        f", {model_bytes(model) / 2**30:.2f} GiB of it the model ({weight_bytes(model) / 2**30:.2f} GiB of weights"
+        + (f" and a {packed_bytes(model) / 2**30:.2f} GiB packed copy the CPU path multiplies with)"
+           if packed_bytes(model) else ")"))
     return (f"This chapter's kernel holds **{held:.1f} GiB** of memory{share}. JupyterLab keeps it running after "
             "you close the notebook, and every chapter loads its own model: before opening the next chapter, shut "
             "this one's kernel down (*Kernel ▸ Shut Down Kernel*, or *Running Terminals and Kernels ▸ Shut Down "

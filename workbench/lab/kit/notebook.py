@@ -86,9 +86,12 @@ def say(markdown: str) -> None:
 
 
 def show_table(frame, *, index: bool = False) -> None:
-    """Show a table as HTML and as whole plain text (a pandas Styler stores only its repr as text)."""
+    """Show a table as HTML and as whole plain text (a pandas Styler stores only its repr as text). The HTML table
+    carries the class ``wb-prose``: its cells hold sentences, which the docs site may break anywhere rather than
+    let a long token push the table past its column (docs/pages/stylesheets/course.css)."""
     import pandas as pd
     from IPython.display import display
 
     with pd.option_context("display.max_colwidth", None, "display.width", 10_000):
-        display({"text/html": frame.to_html(index=index), "text/plain": frame.to_string(index=index)}, raw=True)
+        display({"text/html": frame.to_html(index=index, classes="wb-prose"),
+                 "text/plain": frame.to_string(index=index)}, raw=True)
