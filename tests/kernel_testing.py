@@ -151,11 +151,12 @@ def upcast(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.float() if t.is_floating_point() else t for t in tensors]
 
 
-def attention_by_loops(query: torch.Tensor, kv: PagedKV, query_lens: list[int], scale: float) -> torch.Tensor:
+def attention_by_loops(query: torch.Tensor, kv: PagedKV, query_lens: list[int], scale: float,
+                       window: int | None = None) -> torch.Tensor:
     """Paged attention written as literal loops in float64, to check the references themselves (tiny shapes only).
 
-    Query ``i`` of a sequence with ``q`` new tokens and ``n`` keys sits at position ``n - q + i`` and sees keys
-    ``0..n-q+i``; with every ``q = 1`` this is decode attention."""
+    Query ``i`` of a sequence with ``q`` new tokens and ``n`` keys sits at position ``p = n - q + i`` and sees keys
+    ``0..p`` (with a sliding ``window``, ``p - window + 1..p``); with every ``q = 1`` this is decode attention."""
     num_heads = query.shape[1]
     block_size, num_kv_heads = kv.key_cache.shape[1], kv.key_cache.shape[2]
     out, row = torch.empty(query.shape, dtype=torch.float64), 0
@@ -165,11 +166,12 @@ def attention_by_loops(query: torch.Tensor, kv: PagedKV, query_lens: list[int], 
         keys = torch.stack([kv.key_cache[b, o] for b, o in slots]).double()
         values = torch.stack([kv.value_cache[b, o] for b, o in slots]).double()
         for i in range(q_len):
-            visible = n - q_len + i + 1
+            p = n - q_len + i
+            lo = 0 if window is None else max(0, p - window + 1)
             for h in range(num_heads):
                 kv_head = h // (num_heads // num_kv_heads)
-                weights = torch.softmax(keys[:visible, kv_head] @ query[row, h].double() * scale, dim=0)
-                out[row, h] = weights @ values[:visible, kv_head]
+                weights = torch.softmax(keys[lo:p + 1, kv_head] @ query[row, h].double() * scale, dim=0)
+                out[row, h] = weights @ values[lo:p + 1, kv_head]
             row += 1
     return out
 

@@ -15,6 +15,7 @@ from kernel_testing import (
     TOLERANCES,
     PagedKV,
     assert_close,
+    attention_by_loops,
     poisoned_like,
     query_start_loc,
     random_paged_kv,
@@ -49,26 +50,6 @@ def _holes(kv: PagedKV, query_lens: list[int], window: int) -> PagedKV:
     return PagedKV(kv.key_cache, kv.value_cache, table, kv.context_lens)
 
 
-def _by_loops(query, kv: PagedKV, query_lens: list[int], scale: float, window: int) -> torch.Tensor:
-    """Windowed paged attention as literal loops in float64 (through the untouched table)."""
-    num_heads, block_size, num_kv_heads = query.shape[1], kv.key_cache.shape[1], kv.key_cache.shape[2]
-    out, row = torch.empty(query.shape, dtype=torch.float64), 0
-    for seq, q_len in enumerate(query_lens):
-        n = int(kv.context_lens[seq])
-        slots = [(int(kv.block_tables[seq, t // block_size]), t % block_size) for t in range(n)]
-        keys = torch.stack([kv.key_cache[b, o] for b, o in slots]).double()
-        values = torch.stack([kv.value_cache[b, o] for b, o in slots]).double()
-        for i in range(q_len):
-            p = n - q_len + i
-            lo = max(0, p - window + 1)
-            for h in range(num_heads):
-                g = h // (num_heads // num_kv_heads)
-                weights = torch.softmax(keys[lo:p + 1, g] @ query[row, h].double() * scale, dim=0)
-                out[row, h] = weights @ values[lo:p + 1, g]
-            row += 1
-    return out
-
-
 def _prefill_case(device, dtype, heads, kv_heads, block_size=16, seed=0):
     kv = random_paged_kv(MIXED_STEP_CONTEXT_LENS, num_kv_heads=kv_heads, head_dim=64, block_size=block_size,
                          dtype=dtype, seed=seed, device=device)
@@ -79,7 +60,7 @@ def _prefill_case(device, dtype, heads, kv_heads, block_size=16, seed=0):
 @pytest.mark.parametrize("window", WINDOWS)
 def test_references_match_literal_loops(window):
     query, kv, starts = _prefill_case("cpu", torch.float32, 9, 3)
-    expected = _by_loops(query, kv, MIXED_STEP_QUERY_LENS, 0.125, window)
+    expected = attention_by_loops(query, kv, MIXED_STEP_QUERY_LENS, 0.125, window)
     holed = _holes(kv, MIXED_STEP_QUERY_LENS, window)
     out = paged_prefill_attention_reference(query, holed.key_cache, holed.value_cache, holed.block_tables, starts,
                                             holed.context_lens, 0.125, window=window)
@@ -89,7 +70,8 @@ def test_references_match_literal_loops(window):
     q = query[: len(decode_lens)]
     out = paged_decode_attention_reference(q, holed.key_cache, holed.value_cache, holed.block_tables,
                                            holed.context_lens, 0.125, window=window)
-    assert_close(out, _by_loops(q, kv, decode_lens, 0.125, window).float(), torch.float32, what="decode reference")
+    assert_close(out, attention_by_loops(q, kv, decode_lens, 0.125, window).float(), torch.float32,
+                 what="decode reference")
 
 
 @pytest.mark.parametrize("window", WINDOWS)
