@@ -50,11 +50,11 @@ def packed_bytes(model: nn.Module) -> int:
 
 def memory_note(model: nn.Module | None = None) -> str:
     """One Markdown paragraph: what this kernel holds, the model's share, and how to free it."""
-    held = kernel_memory_bytes() / 2**30
-    share = "" if model is None else (
-        f", {model_bytes(model) / 2**30:.2f} GiB of it the model ({weight_bytes(model) / 2**30:.2f} GiB of weights"
-        + (f" and a {packed_bytes(model) / 2**30:.2f} GiB packed copy the CPU path multiplies with)"
-           if packed_bytes(model) else ")"))
+    held, share = kernel_memory_bytes() / 2**30, ""
+    if model is not None:
+        weights, packed = weight_bytes(model), packed_bytes(model)
+        share = (f", {(weights + packed) / 2**30:.2f} GiB of it the model ({weights / 2**30:.2f} GiB of weights"
+                 + (f" and a {packed / 2**30:.2f} GiB packed copy the CPU path multiplies with)" if packed else ")"))
     return (f"This chapter's kernel holds **{held:.1f} GiB** of memory{share}. JupyterLab keeps it running after "
             "you close the notebook, and every chapter loads its own model: before opening the next chapter, shut "
             "this one's kernel down (*Kernel ▸ Shut Down Kernel*, or *Running Terminals and Kernels ▸ Shut Down "
